@@ -1,0 +1,4 @@
+//! The `vmfault` command.
+fn main() {
+    println!("vmfault {}", env!("CARGO_PKG_VERSION"));
+}

@@ -1,0 +1,130 @@
+//! The software MMU: loads and stores through the page table.
+//!
+//! Each page of an access is first looked up lockless, inside an RCU
+//! read-side section, as a TLB would: a PTE that allows the access means the
+//! bytes are copied at once, with no lock and no shared write. Otherwise the
+//! fault path runs and hands back the frame to copy to or from, while it is
+//! still guaranteed alive. An access that crosses into a bad page copies
+//! the bytes before it and fails with the first faulting address, as a
+//! `rep movsb` would.
+
+#![deny(unsafe_code)]
+
+use super::{AddressSpace, Space};
+use crate::error::{Error, Op, Result, SegvCode};
+use crate::fault;
+use crate::phys::Pfn;
+use crate::stats::Counter;
+use crate::types::{Access, PAGE_SIZE, TASK_SIZE};
+use crate::vm::Ctx;
+
+impl AddressSpace {
+    /// Load `buf.len()` bytes from `addr`, faulting pages in as needed.
+    ///
+    /// On SIGSEGV (`Error::Segv` with the first faulting address),
+    /// `buf[..fault_addr - addr]` holds the bytes read before it.
+    pub fn read(&self, addr: u64, buf: &mut [u8]) -> Result<()> {
+        let s = &self.s;
+        s.vm.with_ctx(|ctx| {
+            let phys = &ctx.m.phys;
+            s.access(
+                ctx,
+                Op::Read,
+                addr,
+                buf.len(),
+                Access::Read,
+                |pfn, off, at, n| phys.read_bytes(pfn, off, &mut buf[at..at + n]),
+            )
+        })
+    }
+
+    /// Store `data` at `addr`, faulting pages in as needed.
+    ///
+    /// On SIGSEGV (`Error::Segv` with the first faulting address), the bytes
+    /// before that address have been stored.
+    pub fn write(&self, addr: u64, data: &[u8]) -> Result<()> {
+        let s = &self.s;
+        s.vm.with_ctx(|ctx| {
+            let phys = &ctx.m.phys;
+            s.access(
+                ctx,
+                Op::Write,
+                addr,
+                data.len(),
+                Access::Write,
+                |pfn, off, at, n| phys.write_bytes(pfn, off, &data[at..at + n]),
+            )
+        })
+    }
+
+    /// One access of the given kind at `addr`, like a single load, store or
+    /// instruction fetch: faults the page in (or fails with SIGSEGV) but
+    /// transfers no data.
+    pub fn touch(&self, addr: u64, access: Access) -> Result<()> {
+        let s = &self.s;
+        s.vm.with_ctx(|ctx| s.access(ctx, Op::Touch, addr, 1, access, |_, _, _, _| {}))
+    }
+}
+
+impl Space {
+    /// Run `copy(frame, offset_in_page, offset_in_buffer, n)` for each page
+    /// piece of `addr..addr+len`, faulting where the page table says no.
+    pub(crate) fn access(
+        &self,
+        ctx: &Ctx<'_>,
+        op: Op,
+        addr: u64,
+        len: usize,
+        access: Access,
+        mut copy: impl FnMut(Pfn, usize, usize, usize),
+    ) -> Result<()> {
+        let phys = &ctx.m.phys;
+        let mut done = 0usize;
+        while done < len {
+            let a = addr.saturating_add(done as u64);
+            if a >= TASK_SIZE {
+                // Beyond the user address space: no page table to walk.
+                ctx.count(Counter::faults);
+                ctx.count(Counter::segv);
+                return Err(Error::Segv {
+                    addr: a,
+                    code: SegvCode::MapErr,
+                });
+            }
+            let off = (a % PAGE_SIZE) as usize;
+            let n = (PAGE_SIZE as usize - off).min(len - done);
+            let hit = {
+                let _rcu = ctx.rcu_read();
+                match self.pmap.translate(phys, a, access) {
+                    Some(pfn) => {
+                        copy(pfn, off, done, n);
+                        true
+                    }
+                    None => false,
+                }
+            };
+            if !hit {
+                fault::handle(ctx, self, op, a, access, |pfn| copy(pfn, off, done, n))?;
+            }
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Fault `start..start+len` in with `access` (`MAP_POPULATE`); stops at
+    /// the first failure, which is not reported (as in Linux).
+    pub(crate) fn populate(&self, start: u64, len: u64, access: Access) {
+        self.vm.with_ctx(|ctx| {
+            let mut a = start;
+            while a < start + len {
+                if self
+                    .access(ctx, Op::Mmap, a, 1, access, |_, _, _, _| {})
+                    .is_err()
+                {
+                    break;
+                }
+                a += PAGE_SIZE;
+            }
+        });
+    }
+}

@@ -1,0 +1,166 @@
+//! `madvise`.
+//!
+//! The walk follows Linux's `madvise_walk_vmas`: mapped parts of the range
+//! get the advice, holes make the call return `ENOMEM` at the end (or at
+//! once when nothing is mapped from `addr` on), an advice that does not
+//! apply to a VMA fails at that VMA.
+//!
+//! `MADV_DONTNEED` takes the map lock for writing here (Linux takes it for
+//! reading and relies on the page-table lock): it keeps faults out while
+//! pages leave their objects. The cost is concurrency for madvise-heavy
+//! programs, none of the seeds' workloads.
+
+#![deny(unsafe_code)]
+
+use super::vma::VmaFlags;
+use super::{AddressSpace, Space};
+use crate::error::{Error, Op, Result};
+use crate::stats::Counter;
+use crate::types::{Advice, is_page_aligned, page_align_up};
+use crate::vm::Ctx;
+
+impl AddressSpace {
+    /// Give advice about `addr..addr+len` (`len` rounded up).
+    ///
+    /// `DontNeed` drops pages: private anonymous memory reads back as zeros,
+    /// shared memory keeps its contents. `Random`, `Sequential` and `Normal`
+    /// set VMA flags (splitting and merging VMAs as Linux does). `WillNeed`
+    /// and `Free` change nothing without swap or memory pressure.
+    ///
+    /// Errors: unaligned `addr`, a range that wraps, `Free` on shared memory
+    /// (`EINVAL`); holes in the range (`ENOMEM`, after advising the rest).
+    pub fn madvise(&self, addr: u64, len: u64, advice: Advice) -> Result<()> {
+        self.s.vm.with_ctx(|ctx| {
+            ctx.count(Counter::madvise_calls);
+            self.s.madvise(ctx, addr, len, advice)
+        })
+    }
+}
+
+impl Space {
+    fn madvise(&self, ctx: &Ctx<'_>, addr: u64, len: u64, advice: Advice) -> Result<()> {
+        let op = Op::Madvise;
+        if !is_page_aligned(addr) {
+            return Err(Error::inval(op, "address not page-aligned", addr));
+        }
+        let end = match page_align_up(len).and_then(|l| addr.checked_add(l)) {
+            Some(e) => e,
+            None => {
+                return Err(Error::inval(
+                    op,
+                    "range wraps around the address space",
+                    len,
+                ));
+            }
+        };
+        if end == addr {
+            return Ok(());
+        }
+        match advice {
+            Advice::Normal | Advice::Random | Advice::Sequential => {
+                self.madvise_flags(ctx, addr, end, advice)
+            }
+            Advice::DontNeed => self.dontneed(ctx, addr, end),
+            Advice::WillNeed | Advice::Free => {
+                let map = self.map_read(ctx);
+                walk(op, &map, addr, end, |v, _, _| {
+                    if advice == Advice::Free && v.is_shared() {
+                        return Err(Error::inval(
+                            op,
+                            "MADV_FREE applies to private anonymous memory only",
+                            v.start,
+                        ));
+                    }
+                    Ok(())
+                })
+            }
+        }
+    }
+
+    fn madvise_flags(&self, ctx: &Ctx<'_>, start: u64, end: u64, advice: Advice) -> Result<()> {
+        let op = Op::Madvise;
+        let mut map = self.map_write(ctx);
+        // Collect the mapped pieces first (the walk's hole semantics), then
+        // change each run of VMAs without holes.
+        let mut pieces = Vec::new();
+        let result = walk(op, &map, start, end, |_, s, e| {
+            pieces.push((s, e));
+            Ok(())
+        });
+        let mut retired = Vec::new();
+        for (s, e) in pieces {
+            let change = |v: &super::vma::Vma| {
+                let mut f = v.flags - (VmaFlags::RAND_READ | VmaFlags::SEQ_READ);
+                match advice {
+                    Advice::Random => f |= VmaFlags::RAND_READ,
+                    Advice::Sequential => f |= VmaFlags::SEQ_READ,
+                    _ => {}
+                }
+                (v.prot, f)
+            };
+            self.modify_range_locked(ctx, &mut map, op, s, e, change, &mut retired)?;
+        }
+        drop(map);
+        drop(retired);
+        result
+    }
+
+    fn dontneed(&self, ctx: &Ctx<'_>, start: u64, end: u64) -> Result<()> {
+        let phys = &ctx.m.phys;
+        let mut frames = Vec::new();
+        let result = {
+            let map = self.map_write(ctx);
+            walk(Op::Madvise, &map, start, end, |v, s, e| {
+                let n = self.pmap.zap(phys, s, e, |_, _| {});
+                ctx.count_n(Counter::pages_unmapped, n);
+                if !v.is_shared()
+                    && let Some(o) = v.object.get()
+                {
+                    o.remove_range(v.pindex(s), v.pindex(e), &mut frames);
+                }
+                Ok(())
+            })
+        };
+        self.free_unmapped(ctx, &frames);
+        result
+    }
+}
+
+/// Linux's `madvise_walk_vmas`: call `f(vma, from, to)` for each mapped
+/// piece of `start..end`; `ENOMEM` if there were holes (or nothing mapped
+/// from `start` on), unless `f` failed first.
+fn walk(
+    op: Op,
+    map: &super::vma::VmaTree,
+    start: u64,
+    end: u64,
+    mut f: impl FnMut(&super::vma::Vma, u64, u64) -> Result<()>,
+) -> Result<()> {
+    let hole = Error::NotMapped {
+        op,
+        addr: start,
+        end,
+    };
+    let mut unmapped = false;
+    let mut pos = start;
+    let mut any = false;
+    for v in map.overlapping(start, end) {
+        any = true;
+        if v.start > pos {
+            unmapped = true;
+        }
+        let s = pos.max(v.start);
+        let e = v.end.min(end);
+        f(v, s, e)?;
+        pos = e;
+    }
+    if !any {
+        // Nothing from `start` on inside the range: Linux returns ENOMEM at once.
+        return Err(hole);
+    }
+    if unmapped || pos < end {
+        Err(hole)
+    } else {
+        Ok(())
+    }
+}

@@ -1,0 +1,166 @@
+//! Address spaces (`vm_map` + `pmap`): a set of VMAs and a page table.
+//!
+//! One file per operation: [`mmap`](mmap.rs), [`munmap`](munmap.rs),
+//! [`mprotect`](mprotect.rs), [`madvise`](madvise.rs), and the software MMU
+//! ([`access`](access.rs): `read`, `write`, `touch`). Placement of mappings
+//! is in `layout.rs`, the VMA index in `vma.rs`.
+//!
+//! # Locking
+//! - The *map lock* (`[M]`, a reader-writer lock around the VMA index) is
+//!   held for reading by the classic fault path for the whole fault, and
+//!   for writing by every operation that changes VMAs or tears pages down.
+//! - PTEs change under the PTE lock of their page-table page (`[P]`).
+//! - Frames that were mapped are freed only after the map lock is dropped
+//!   and a grace period has passed (the TLB shootdown), see `phys`.
+//!
+//! # Semantics
+//! Linux x86-64 is the oracle, down to the order in which arguments are
+//! checked; the differential test in `tests/differential.rs` runs random
+//! operation sequences here and on the host kernel and compares every
+//! result, every byte read and the `/proc/self/maps` layout. The one
+//! deliberate difference: unknown `PROT_*`/`MAP_*` bits are `EINVAL` here,
+//! where Linux silently ignores them in `mmap`.
+
+#![deny(unsafe_code)]
+
+mod access;
+mod layout;
+mod madvise;
+mod mmap;
+mod mprotect;
+mod munmap;
+pub(crate) mod vma;
+
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use crate::error::{Error, Op, Result};
+use crate::phys::Pfn;
+use crate::pmap::Pmap;
+use crate::stats::Counter;
+use crate::types::MappingInfo;
+use crate::vm::{Ctx, Vm};
+use vma::VmaTree;
+
+/// Linux's default `vm.max_map_count`.
+pub const MAX_MAP_COUNT: usize = 65530;
+
+/// An address space: a handle (`Clone` shares the space, `Send + Sync`).
+///
+/// ```
+/// use vmfault::{Vm, VmConfig, Prot, MapFlags, Advice, Error, SegvCode};
+/// let vm = Vm::new(VmConfig { phys_bytes: 16 << 20, ..VmConfig::default() })?;
+/// let space = vm.new_space()?;
+/// let rw = Prot::READ | Prot::WRITE;
+/// let a = space.mmap(0, 4 << 12, rw, MapFlags::PRIVATE | MapFlags::ANONYMOUS)?;
+/// space.write(a, b"data")?;
+/// space.mprotect(a, 4096, Prot::READ)?;
+/// assert_eq!(space.write(a, b"x"), Err(Error::Segv { addr: a, code: SegvCode::AccErr }));
+/// space.madvise(a, 4 << 12, Advice::DontNeed)?;
+/// let mut buf = [9u8; 4];
+/// space.read(a, &mut buf)?;
+/// assert_eq!(buf, [0; 4]); // private anonymous memory reads back as zeros
+/// space.munmap(a, 4 << 12)?;
+/// assert!(space.mappings().is_empty());
+/// # Ok::<(), vmfault::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct AddressSpace {
+    pub(crate) s: Arc<Space>,
+}
+
+/// The shared state behind [`AddressSpace`] handles.
+#[derive(Debug)]
+pub(crate) struct Space {
+    /// `[I]` the machine.
+    pub(crate) vm: Vm,
+    /// `[M]` the map lock and the VMA index it protects.
+    map: RwLock<VmaTree>,
+    /// The page table (entries `[P]`, see `pmap`).
+    pub(crate) pmap: Pmap,
+    /// Serializes the creation of private anonymous objects (Linux takes
+    /// `page_table_lock` in `anon_vma_prepare`). Inner to the map lock.
+    anon_lock: Mutex<()>,
+}
+
+impl AddressSpace {
+    pub(crate) fn new(vm: Vm) -> Result<AddressSpace> {
+        let pmap = Pmap::new(&vm.m.phys).map_err(|_| Error::NoMemory {
+            op: Op::NewSpace,
+            what: "a page-table root",
+        })?;
+        Ok(AddressSpace {
+            s: Arc::new(Space {
+                vm,
+                map: RwLock::new(VmaTree::default()),
+                pmap,
+                anon_lock: Mutex::new(()),
+            }),
+        })
+    }
+
+    /// The machine this space belongs to.
+    pub fn vm(&self) -> &Vm {
+        &self.s.vm
+    }
+
+    /// The mappings, in address order, as `/proc/self/maps` lists them.
+    pub fn mappings(&self) -> Vec<MappingInfo> {
+        self.s.vm.with_ctx(|ctx| self.s.map_read(ctx).infos())
+    }
+
+    /// Page-table pages this space uses (the root included).
+    pub fn page_table_pages(&self) -> u64 {
+        self.s.pmap.tables()
+    }
+
+    /// Whether two handles are the same space.
+    pub fn same_space(&self, other: &AddressSpace) -> bool {
+        Arc::ptr_eq(&self.s, &other.s)
+    }
+}
+
+impl Space {
+    /// Take the map lock for reading (counted).
+    pub(crate) fn map_read(&self, ctx: &Ctx<'_>) -> RwLockReadGuard<'_, VmaTree> {
+        ctx.count(Counter::map_lock_acquisitions);
+        self.map.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Take the map lock for writing (counted).
+    pub(crate) fn map_write(&self, ctx: &Ctx<'_>) -> RwLockWriteGuard<'_, VmaTree> {
+        ctx.count(Counter::map_lock_acquisitions);
+        ctx.count(Counter::map_lock_writes);
+        self.map.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Take the anon lock (see the field).
+    pub(crate) fn anon_lock(&self) -> MutexGuard<'_, ()> {
+        self.anon_lock.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Free frames unlinked by an operation: wait for the grace period
+    /// (the TLB shootdown), then free. Call with no lock held.
+    pub(crate) fn free_unmapped(&self, ctx: &Ctx<'_>, frames: &[Pfn]) {
+        if !frames.is_empty() {
+            ctx.count(Counter::tlb_shootdowns);
+            self.vm.m.phys.free_after_grace(&self.vm.m.rcu, frames);
+        }
+    }
+}
+
+impl Drop for Space {
+    fn drop(&mut self) {
+        // No handle is left, so nobody can be faulting or walking: drop the
+        // VMAs (their objects free their pages) and the page table.
+        let vmas = self
+            .map
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take_all();
+        drop(vmas);
+        let mut frames = Vec::new();
+        let phys = &self.vm.m.phys;
+        self.pmap.teardown(phys, &mut frames);
+        phys.free_after_grace(&self.vm.m.rcu, &frames);
+    }
+}

@@ -1,0 +1,156 @@
+//! `mprotect`, and the attribute change over a range of VMAs that
+//! `madvise(MADV_RANDOM | MADV_SEQUENTIAL | MADV_NORMAL)` shares with it.
+//!
+//! Linux semantics, including the non-atomic ones: the range must start
+//! inside a mapping; VMAs are changed one after the other and a hole stops
+//! the walk with `ENOMEM`, leaving the VMAs before it changed. VMAs are split
+//! at the range edges and merged with compatible neighbours afterwards.
+//!
+//! PTEs are narrowed at once (write or execute rights taken away, or
+//! cleared for `PROT_NONE`: the pages stay in their objects). Widening is
+//! lazy: the next fault upgrades the PTE.
+
+#![deny(unsafe_code)]
+
+use std::sync::Arc;
+
+use super::vma::{Vma, VmaFlags, VmaTree};
+use super::{AddressSpace, Space};
+use crate::error::{Error, Op, Result};
+use crate::stats::Counter;
+use crate::types::{Prot, is_page_aligned, page_align_up};
+use crate::vm::Ctx;
+
+impl AddressSpace {
+    /// Change the protection of `addr..addr+len` (`len` rounded up).
+    ///
+    /// A zero `len` succeeds without looking at anything (as Linux). Errors:
+    /// unaligned `addr` or unknown `PROT_*` bits (`EINVAL`); a range that
+    /// wraps, or that is not fully mapped (`ENOMEM`; mappings before the
+    /// first hole have been changed).
+    pub fn mprotect(&self, addr: u64, len: u64, prot: Prot) -> Result<()> {
+        self.s.vm.with_ctx(|ctx| {
+            ctx.count(Counter::mprotect_calls);
+            self.s.mprotect(ctx, addr, len, prot)
+        })
+    }
+}
+
+/// Linux's `VM_ACCOUNT` rule for a protection change of `vma`: making
+/// private memory writable charges it; making untouched private anonymous
+/// memory read-only uncharges it.
+fn accounted_flags(vma: &Vma, prot: Prot) -> VmaFlags {
+    let mut flags = vma.flags;
+    if prot.contains(Prot::WRITE) {
+        if !vma.prot.contains(Prot::WRITE)
+            && !vma
+                .flags
+                .intersects(VmaFlags::ACCOUNT | VmaFlags::SHARED | VmaFlags::NORESERVE)
+        {
+            flags |= VmaFlags::ACCOUNT;
+        }
+    } else if vma.flags.contains(VmaFlags::ACCOUNT)
+        && !vma.is_shared()
+        && vma.object.get().is_none()
+    {
+        flags -= VmaFlags::ACCOUNT;
+    }
+    flags
+}
+
+impl Space {
+    fn mprotect(&self, ctx: &Ctx<'_>, addr: u64, len: u64, prot: Prot) -> Result<()> {
+        let op = Op::Mprotect;
+        if !is_page_aligned(addr) {
+            return Err(Error::inval(op, "address not page-aligned", addr));
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        let end = match page_align_up(len).and_then(|l| addr.checked_add(l)) {
+            Some(e) if e > addr => e,
+            _ => return Err(Error::NoAddressSpace { op, addr, len }),
+        };
+        if Prot::from_bits(prot.bits()).is_none() {
+            return Err(Error::inval(
+                op,
+                "unknown PROT_* bits",
+                u64::from(prot.bits()),
+            ));
+        }
+        let mut retired = Vec::new();
+        let result = {
+            let mut map = self.map_write(ctx);
+            self.modify_range_locked(
+                ctx,
+                &mut map,
+                op,
+                addr,
+                end,
+                |v| (prot, accounted_flags(v, prot)),
+                &mut retired,
+            )
+        };
+        drop(retired);
+        result
+    }
+
+    /// Give every VMA in `start..end` the protection and flags `f` returns,
+    /// splitting and merging as needed; narrow the PTEs of changed ranges.
+    ///
+    /// # Preconditions
+    /// - The map lock is held for writing and `map` is the index it guards.
+    ///
+    /// Replaced VMAs are pushed onto `retired`, to be dropped after the lock.
+    /// Errors with `NotMapped` if `start` is not mapped or a hole follows;
+    /// VMAs before the hole keep their change.
+    pub(super) fn modify_range_locked(
+        &self,
+        ctx: &Ctx<'_>,
+        map: &mut VmaTree,
+        op: Op,
+        start: u64,
+        end: u64,
+        mut f: impl FnMut(&Vma) -> (Prot, VmaFlags),
+        retired: &mut Vec<Arc<Vma>>,
+    ) -> Result<()> {
+        let mut pos = start;
+        let mut result = Ok(());
+        loop {
+            let vma = match map.find(pos) {
+                Some(v) => v.clone(),
+                None => {
+                    result = Err(Error::NotMapped {
+                        op,
+                        addr: start,
+                        end,
+                    });
+                    break;
+                }
+            };
+            let stop = vma.end.min(end);
+            let (prot, flags) = f(&vma);
+            if (prot, flags) != (vma.prot, vma.flags) {
+                let old = map.carve(pos, stop);
+                debug_assert_eq!(old.len(), 1);
+                map.insert(Arc::new(old[0].slice(pos, stop, prot, flags)));
+                if prot != vma.prot {
+                    let changed = self.pmap.protect(&ctx.m.phys, pos, stop, prot);
+                    if prot.is_empty() {
+                        ctx.count_n(Counter::pages_unmapped, changed);
+                    }
+                }
+                retired.extend(old);
+            }
+            retired.push(vma);
+            pos = stop;
+            if pos >= end {
+                break;
+            }
+        }
+        if pos > start {
+            retired.extend(map.merge_range(start, pos));
+        }
+        result
+    }
+}

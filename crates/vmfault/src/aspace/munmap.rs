@@ -1,0 +1,104 @@
+//! `munmap`, and the teardown of a removed range that `mmap(MAP_FIXED)`
+//! shares with it.
+//!
+//! Under the map lock (write): cut the range out of the VMA index
+//! (splitting VMAs at its edges), clear its PTEs, take the pages of private
+//! objects out of their objects, and detach page-table pages that no VMA
+//! needs any more. After the lock is dropped: wait for the grace period
+//! (the TLB shootdown) and free the frames; then drop the removed VMAs.
+
+#![deny(unsafe_code)]
+
+use std::sync::Arc;
+
+use super::vma::{Vma, VmaTree};
+use super::{AddressSpace, Space};
+use crate::error::{Error, Op, Result};
+use crate::phys::Pfn;
+use crate::stats::Counter;
+use crate::types::{TASK_SIZE, is_page_aligned, page_align_up};
+use crate::vm::Ctx;
+
+impl AddressSpace {
+    /// Remove the mappings in `addr..addr+len` (`len` rounded up to pages).
+    ///
+    /// As in Linux, holes and unmapped ranges are fine; an unaligned `addr`,
+    /// a zero `len` or a range beyond the user address space is `EINVAL`.
+    /// Private pages in the range are freed; reading them later is SIGSEGV.
+    pub fn munmap(&self, addr: u64, len: u64) -> Result<()> {
+        self.s.vm.with_ctx(|ctx| {
+            ctx.count(Counter::munmap_calls);
+            self.s.munmap(ctx, addr, len)
+        })
+    }
+}
+
+impl Space {
+    pub(crate) fn munmap(&self, ctx: &Ctx<'_>, addr: u64, len: u64) -> Result<()> {
+        let op = Op::Munmap;
+        if !is_page_aligned(addr) {
+            return Err(Error::inval(op, "address not page-aligned", addr));
+        }
+        if addr > TASK_SIZE || len > TASK_SIZE - addr {
+            return Err(Error::inval(
+                op,
+                "range extends beyond the user address space",
+                len,
+            ));
+        }
+        let end = addr + page_align_up(len).expect("len <= TASK_SIZE");
+        if end == addr {
+            return Err(Error::inval(op, "length is zero", len));
+        }
+        let mut frames = Vec::new();
+        let carved = {
+            let mut map = self.map_write(ctx);
+            let carved = map.carve(addr, end);
+            if !carved.is_empty() {
+                self.unmap_locked(ctx, &map, &carved, &mut frames, true);
+            }
+            carved
+        };
+        self.free_unmapped(ctx, &frames);
+        drop(carved);
+        Ok(())
+    }
+
+    /// Tear down the pages of VMAs just carved out of the index.
+    ///
+    /// # Preconditions
+    /// - The map lock is held for writing; `map` is the index it guards and
+    ///   `carved` (non-empty, in address order) was just removed from it.
+    ///
+    /// Pushes the frames to free after the grace period onto `frames`. With
+    /// `prune`, page-table pages in the VMA-free gap around the range are
+    /// detached too (not when a new mapping is about to fill the range).
+    pub(super) fn unmap_locked(
+        &self,
+        ctx: &Ctx<'_>,
+        map: &VmaTree,
+        carved: &[Arc<Vma>],
+        frames: &mut Vec<Pfn>,
+        prune: bool,
+    ) {
+        let phys = &ctx.m.phys;
+        for v in carved {
+            let n = self.pmap.zap(phys, v.start, v.end, |_, _| {});
+            ctx.count_n(Counter::pages_unmapped, n);
+            // A private object's pages in this range are reachable from this
+            // VMA only (page offsets of private anonymous memory are unique
+            // per address in a space); a shared object keeps its pages.
+            if !v.is_shared()
+                && let Some(o) = v.object.get()
+            {
+                o.remove_range(v.pgoff, v.pindex(v.end), frames);
+            }
+        }
+        if prune {
+            let (first, last) = (carved[0].start, carved[carved.len() - 1].end);
+            let floor = map.prev_of(first).map_or(0, |p| p.end);
+            let ceiling = map.find_from(last).map_or(u64::MAX, |n| n.start);
+            self.pmap.prune(phys, floor, ceiling, frames);
+        }
+    }
+}

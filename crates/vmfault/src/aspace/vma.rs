@@ -1,0 +1,391 @@
+//! VMAs and the ordered VMA index of an address space.
+//!
+//! A [`Vma`] is immutable once it is in the index: splitting, merging or
+//! changing protection replaces it with new `Vma`s. That makes every VMA a
+//! consistent snapshot for whoever holds it, which is what a lockless reader
+//! (the speculative fault path) needs; the one field set later is the
+//! backing object of private anonymous memory, which is set once
+//! (Linux's `anon_vma_prepare`).
+//!
+//! # Merging
+//! Linux merges adjacent VMAs when nothing observable distinguishes them,
+//! and so do we, with the same rule (checked against the host kernel by the
+//! differential test): same protection and flags, contiguous page offsets,
+//! and the same object, where a private VMA that has no object yet is
+//! compatible with any (Linux: `is_mergeable_anon_vma`).
+//!
+//! The index is a `BTreeMap` keyed by each VMA's end, so `range(addr+1..)`
+//! finds the first VMA ending above `addr`, which is Linux's `find_vma`.
+
+#![deny(unsafe_code)]
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+use std::sync::{Arc, OnceLock};
+
+use bitflags::bitflags;
+
+use crate::object::Object;
+use crate::types::{MappingInfo, PAGE_SHIFT, Prot};
+
+bitflags! {
+    /// VMA flags that are not protections (Linux's `VM_*` that matter to merging).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub(crate) struct VmaFlags: u32 {
+        /// `VM_SHARED`: a shared mapping.
+        const SHARED = 1 << 0;
+        /// `VM_ACCOUNT`: private writable memory charged to the commit limit.
+        const ACCOUNT = 1 << 1;
+        /// `VM_NORESERVE`: mapped with `MAP_NORESERVE`.
+        const NORESERVE = 1 << 2;
+        /// `VM_RAND_READ`: `MADV_RANDOM`.
+        const RAND_READ = 1 << 3;
+        /// `VM_SEQ_READ`: `MADV_SEQUENTIAL`.
+        const SEQ_READ = 1 << 4;
+    }
+}
+
+/// One mapping: a range of addresses with one protection onto one object.
+#[derive(Debug)]
+pub(crate) struct Vma {
+    /// `[I]` first address.
+    pub(crate) start: u64,
+    /// `[I]` one past the last address.
+    pub(crate) end: u64,
+    /// `[I]` protection.
+    pub(crate) prot: Prot,
+    /// `[I]` flags.
+    pub(crate) flags: VmaFlags,
+    /// `[I]` page offset of `start` in the object. For private anonymous
+    /// memory it is `start >> 12` at mmap time (as in Linux), which keeps
+    /// offsets contiguous across neighbours that may merge.
+    pub(crate) pgoff: u64,
+    /// `[a]` set once: the object. Shared mappings get it at mmap; private
+    /// anonymous memory at its first write fault, under the space's anon lock.
+    pub(crate) object: OnceLock<Arc<Object>>,
+}
+
+impl Vma {
+    /// A new VMA over `start..end`.
+    pub(crate) fn new(
+        start: u64,
+        end: u64,
+        prot: Prot,
+        flags: VmaFlags,
+        pgoff: u64,
+        object: Option<Arc<Object>>,
+    ) -> Vma {
+        debug_assert!(start < end);
+        let cell = OnceLock::new();
+        if let Some(o) = object {
+            let _ = cell.set(o);
+        }
+        Vma {
+            start,
+            end,
+            prot,
+            flags,
+            pgoff,
+            object: cell,
+        }
+    }
+
+    /// A copy of this VMA restricted to `start..end`, with `prot`/`flags`.
+    pub(crate) fn slice(&self, start: u64, end: u64, prot: Prot, flags: VmaFlags) -> Vma {
+        debug_assert!(self.start <= start && end <= self.end && start < end);
+        let pgoff = self.pgoff + ((start - self.start) >> PAGE_SHIFT);
+        Vma::new(start, end, prot, flags, pgoff, self.object.get().cloned())
+    }
+
+    /// A copy restricted to `start..end`, same protection and flags.
+    pub(crate) fn clip(&self, start: u64, end: u64) -> Vma {
+        self.slice(start, end, self.prot, self.flags)
+    }
+
+    /// The object page index of `addr`.
+    #[inline]
+    pub(crate) fn pindex(&self, addr: u64) -> u64 {
+        self.pgoff + ((addr - self.start) >> PAGE_SHIFT)
+    }
+
+    /// Whether this is a shared mapping.
+    pub(crate) fn is_shared(&self) -> bool {
+        self.flags.contains(VmaFlags::SHARED)
+    }
+
+    /// Whether `next` (starting where this ends) may merge with this VMA.
+    pub(crate) fn can_merge_with(&self, next: &Vma) -> bool {
+        self.end == next.start
+            && self.prot == next.prot
+            && self.flags == next.flags
+            && next.pgoff == self.pgoff + ((self.end - self.start) >> PAGE_SHIFT)
+            && match (self.object.get(), next.object.get()) {
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                // Shared mappings always have an object; a private one
+                // without an object yet is compatible with any.
+                _ => !self.is_shared(),
+            }
+    }
+
+    /// The `/proc/self/maps` view.
+    pub(crate) fn info(&self) -> MappingInfo {
+        MappingInfo {
+            start: self.start,
+            end: self.end,
+            prot: self.prot,
+            shared: self.is_shared(),
+        }
+    }
+}
+
+/// The VMAs of one address space, ordered by address (`[M]`).
+#[derive(Debug, Default)]
+pub(crate) struct VmaTree {
+    by_end: BTreeMap<u64, Arc<Vma>>,
+}
+
+impl VmaTree {
+    /// Number of VMAs.
+    pub(crate) fn len(&self) -> usize {
+        self.by_end.len()
+    }
+
+    /// The first VMA that ends above `addr` (it may start above it too).
+    pub(crate) fn find_from(&self, addr: u64) -> Option<&Arc<Vma>> {
+        self.by_end
+            .range((Bound::Excluded(addr), Bound::Unbounded))
+            .next()
+            .map(|(_, v)| v)
+    }
+
+    /// The VMA containing `addr`.
+    #[inline]
+    pub(crate) fn find(&self, addr: u64) -> Option<&Arc<Vma>> {
+        self.find_from(addr).filter(|v| v.start <= addr)
+    }
+
+    /// The last VMA that ends at or below `addr`.
+    pub(crate) fn prev_of(&self, addr: u64) -> Option<&Arc<Vma>> {
+        self.by_end.range(..=addr).next_back().map(|(_, v)| v)
+    }
+
+    /// Whether any VMA intersects `start..end`.
+    pub(crate) fn intersects(&self, start: u64, end: u64) -> bool {
+        self.find_from(start).is_some_and(|v| v.start < end)
+    }
+
+    /// The VMAs intersecting `start..end`, in order.
+    pub(crate) fn overlapping(&self, start: u64, end: u64) -> impl Iterator<Item = &Arc<Vma>> {
+        self.by_end
+            .range((Bound::Excluded(start), Bound::Unbounded))
+            .map(|(_, v)| v)
+            .take_while(move |v| v.start < end)
+    }
+
+    /// All VMAs in address order.
+    pub(crate) fn iter(&self) -> impl DoubleEndedIterator<Item = &Arc<Vma>> {
+        self.by_end.values()
+    }
+
+    /// Insert a VMA; it must not overlap any other.
+    pub(crate) fn insert(&mut self, vma: Arc<Vma>) {
+        debug_assert!(
+            !self.intersects(vma.start, vma.end),
+            "overlapping VMA insert"
+        );
+        self.by_end.insert(vma.end, vma);
+    }
+
+    fn remove(&mut self, vma: &Vma) -> Arc<Vma> {
+        self.by_end.remove(&vma.end).expect("VMA not in the index")
+    }
+
+    /// Remove everything in `start..end`, splitting VMAs that straddle an
+    /// edge (their outside parts stay, as new VMAs). Returns the removed
+    /// parts, clipped to the range, in address order.
+    pub(crate) fn carve(&mut self, start: u64, end: u64) -> Vec<Arc<Vma>> {
+        let hit: Vec<Arc<Vma>> = self.overlapping(start, end).cloned().collect();
+        let mut removed = Vec::with_capacity(hit.len());
+        for v in hit {
+            self.remove(&v);
+            if v.start < start {
+                self.by_end.insert(start, Arc::new(v.clip(v.start, start)));
+            }
+            if end < v.end {
+                self.by_end.insert(v.end, Arc::new(v.clip(end, v.end)));
+            }
+            let (s, e) = (v.start.max(start), v.end.min(end));
+            removed.push(if (s, e) == (v.start, v.end) {
+                v
+            } else {
+                Arc::new(v.clip(s, e))
+            });
+        }
+        removed
+    }
+
+    /// Merge compatible neighbours whose shared boundary lies in
+    /// `start..=end`, left to right (Linux prefers merging with the
+    /// previous VMA when a three-way merge is impossible). Returns the
+    /// replaced VMAs, which the caller retires.
+    pub(crate) fn merge_range(&mut self, start: u64, end: u64) -> Vec<Arc<Vma>> {
+        let mut retired = Vec::new();
+        let mut cur = match self
+            .prev_of(start)
+            .cloned()
+            .or_else(|| self.find_from(start).cloned())
+        {
+            Some(v) => v,
+            None => return retired,
+        };
+        loop {
+            let next = match self.find_from(cur.end) {
+                Some(n) if n.start == cur.end && start <= cur.end && cur.end <= end => n.clone(),
+                Some(n) if n.start <= end => {
+                    cur = n.clone();
+                    continue;
+                }
+                _ => break,
+            };
+            if cur.can_merge_with(&next) {
+                let object = cur.object.get().or(next.object.get()).cloned();
+                let merged = Arc::new(Vma::new(
+                    cur.start, next.end, cur.prot, cur.flags, cur.pgoff, object,
+                ));
+                retired.push(self.remove(&cur));
+                retired.push(self.remove(&next));
+                self.by_end.insert(merged.end, merged.clone());
+                cur = merged;
+            } else {
+                cur = next;
+            }
+        }
+        retired
+    }
+
+    /// The `/proc/self/maps` view of every VMA.
+    pub(crate) fn infos(&self) -> Vec<MappingInfo> {
+        self.by_end.values().map(|v| v.info()).collect()
+    }
+
+    /// Remove and return every VMA.
+    pub(crate) fn take_all(&mut self) -> Vec<Arc<Vma>> {
+        std::mem::take(&mut self.by_end).into_values().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const P: u64 = 4096;
+
+    fn vma(s: u64, e: u64, prot: Prot) -> Arc<Vma> {
+        Arc::new(Vma::new(s * P, e * P, prot, VmaFlags::empty(), s, None))
+    }
+
+    fn ranges(t: &VmaTree) -> Vec<(u64, u64)> {
+        t.iter().map(|v| (v.start / P, v.end / P)).collect()
+    }
+
+    #[test]
+    fn find_and_carve() {
+        let mut t = VmaTree::default();
+        t.insert(vma(10, 20, Prot::READ));
+        t.insert(vma(30, 40, Prot::READ));
+        assert_eq!(t.find(15 * P).map(|v| v.start), Some(10 * P));
+        assert!(t.find(25 * P).is_none());
+        assert_eq!(t.find_from(25 * P).map(|v| v.start), Some(30 * P));
+        assert!(t.intersects(19 * P, 31 * P));
+        assert!(!t.intersects(20 * P, 30 * P));
+        let removed = t.carve(15 * P, 35 * P);
+        assert_eq!(
+            removed
+                .iter()
+                .map(|v| (v.start / P, v.end / P))
+                .collect::<Vec<_>>(),
+            vec![(15, 20), (30, 35)]
+        );
+        assert_eq!(ranges(&t), vec![(10, 15), (35, 40)]);
+        // The right part keeps a contiguous page offset.
+        assert_eq!(t.find(35 * P).unwrap().pgoff, 35);
+        // Carving from the middle splits in three.
+        let removed = t.carve(11 * P, 12 * P);
+        assert_eq!(removed.len(), 1);
+        assert_eq!(ranges(&t), vec![(10, 11), (12, 15), (35, 40)]);
+    }
+
+    #[test]
+    fn merge_rules() {
+        let mut t = VmaTree::default();
+        t.insert(vma(0, 2, Prot::READ));
+        t.insert(vma(2, 4, Prot::READ));
+        t.insert(vma(4, 6, Prot::WRITE));
+        t.insert(vma(7, 8, Prot::WRITE));
+        let retired = t.merge_range(0, 8 * P);
+        assert_eq!(retired.len(), 2);
+        assert_eq!(ranges(&t), vec![(0, 4), (4, 6), (7, 8)]);
+        // Boundaries outside the range are left alone.
+        t.insert(vma(6, 7, Prot::WRITE));
+        assert!(t.merge_range(0, 3 * P).is_empty());
+        t.merge_range(6 * P, 7 * P);
+        assert_eq!(ranges(&t), vec![(0, 4), (4, 8)]);
+    }
+
+    #[test]
+    fn shared_and_flags_block_merging() {
+        let mut t = VmaTree::default();
+        t.insert(Arc::new(Vma::new(
+            0,
+            P,
+            Prot::READ,
+            VmaFlags::SHARED,
+            0,
+            None,
+        )));
+        t.insert(Arc::new(Vma::new(
+            P,
+            2 * P,
+            Prot::READ,
+            VmaFlags::SHARED,
+            1,
+            None,
+        )));
+        t.insert(Arc::new(Vma::new(
+            2 * P,
+            3 * P,
+            Prot::READ,
+            VmaFlags::NORESERVE,
+            2,
+            None,
+        )));
+        t.insert(Arc::new(Vma::new(
+            3 * P,
+            4 * P,
+            Prot::READ,
+            VmaFlags::empty(),
+            3,
+            None,
+        )));
+        assert!(t.merge_range(0, 4 * P).is_empty());
+        // Non-contiguous page offsets do not merge either.
+        let mut u = VmaTree::default();
+        u.insert(Arc::new(Vma::new(
+            0,
+            P,
+            Prot::READ,
+            VmaFlags::empty(),
+            0,
+            None,
+        )));
+        u.insert(Arc::new(Vma::new(
+            P,
+            2 * P,
+            Prot::READ,
+            VmaFlags::empty(),
+            5,
+            None,
+        )));
+        assert!(u.merge_range(0, 2 * P).is_empty());
+    }
+}

@@ -1,0 +1,191 @@
+//! [`VmConfig`]: the size of a machine and every run-time switch.
+//!
+//! Every knob can also be set by name from a string ([`VmConfig::set`]), which
+//! is how `vmfault bench --set key=value` and `--compare key=a,b` reach it;
+//! [`VmConfig::knobs`] lists them all with their current values.
+
+#![deny(unsafe_code)]
+
+use crate::error::{Error, Result};
+
+/// The configuration of a [`Vm`](crate::Vm).
+///
+/// ```
+/// use vmfault::VmConfig;
+/// let mut cfg = VmConfig { phys_bytes: 64 << 20, cpus: 4, ..VmConfig::default() };
+/// cfg.set("zero_page", "false")?;
+/// assert!(!cfg.zero_page);
+/// assert!(cfg.set("cpus", "lots").is_err());
+/// # Ok::<(), vmfault::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct VmConfig {
+    /// Bytes of physical memory (rounded down to whole 4 KiB frames). Page
+    /// tables and object indexes are allocated from it too. Default 256 MiB.
+    pub phys_bytes: u64,
+    /// Number of vCPU slots that threads can [`attach`](crate::Vm::attach) to
+    /// (1..=1024). Default 64. Threads that are not attached share one more slot.
+    pub cpus: usize,
+    /// Touch every frame of the arena at start, so host page faults on the
+    /// arena do not pollute measurements. Default true.
+    pub prefault: bool,
+    /// Read faults on untouched private anonymous memory map one shared zero
+    /// frame (as Linux does) instead of allocating. Default true.
+    pub zero_page: bool,
+}
+
+impl Default for VmConfig {
+    fn default() -> Self {
+        VmConfig {
+            phys_bytes: 256 << 20,
+            cpus: 64,
+            prefault: true,
+            zero_page: true,
+        }
+    }
+}
+
+/// Upper bound on [`VmConfig::cpus`].
+pub const MAX_CPUS: usize = 1024;
+
+impl VmConfig {
+    /// Set a knob by name from its textual value. Sizes accept `K`, `M`, `G`
+    /// suffixes (powers of two); booleans accept `true/false/on/off/1/0`.
+    pub fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        match key {
+            "phys_bytes" => self.phys_bytes = parse_size(value)?,
+            "cpus" => self.cpus = parse_num(value)? as usize,
+            "prefault" => self.prefault = parse_bool(value)?,
+            "zero_page" => self.zero_page = parse_bool(value)?,
+            _ => {
+                return Err(Error::Config {
+                    reason: "unknown knob (see VmConfig::knobs)",
+                    value: 0,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Every knob with its current value, in a stable order.
+    pub fn knobs(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("phys_bytes", self.phys_bytes.to_string()),
+            ("cpus", self.cpus.to_string()),
+            ("prefault", self.prefault.to_string()),
+            ("zero_page", self.zero_page.to_string()),
+        ]
+    }
+
+    /// The knobs whose values differ from [`VmConfig::default`].
+    pub fn non_default_knobs(&self) -> Vec<(&'static str, String)> {
+        let base = VmConfig::default().knobs();
+        self.knobs()
+            .into_iter()
+            .filter(|kv| !base.contains(kv))
+            .collect()
+    }
+
+    /// Check the configuration; [`Vm::new`](crate::Vm::new) calls this.
+    pub fn validate(&self) -> Result<()> {
+        let frames = self.phys_bytes / crate::PAGE_SIZE;
+        if frames < 16 {
+            return Err(Error::Config {
+                reason: "phys_bytes must hold at least 16 frames",
+                value: self.phys_bytes,
+            });
+        }
+        if frames > u32::MAX as u64 - 1 {
+            return Err(Error::Config {
+                reason: "phys_bytes too large (at most 2^32-2 frames)",
+                value: self.phys_bytes,
+            });
+        }
+        if self.cpus == 0 || self.cpus > MAX_CPUS {
+            return Err(Error::Config {
+                reason: "cpus must be in 1..=1024",
+                value: self.cpus as u64,
+            });
+        }
+        Ok(())
+    }
+}
+
+fn parse_num(v: &str) -> Result<u64> {
+    v.trim().parse::<u64>().map_err(|_| Error::Config {
+        reason: "expected a number",
+        value: 0,
+    })
+}
+
+fn parse_size(v: &str) -> Result<u64> {
+    let v = v.trim();
+    let (digits, shift) = match v.chars().last() {
+        Some('k' | 'K') => (&v[..v.len() - 1], 10),
+        Some('m' | 'M') => (&v[..v.len() - 1], 20),
+        Some('g' | 'G') => (&v[..v.len() - 1], 30),
+        _ => (v, 0),
+    };
+    let n = parse_num(digits)?;
+    n.checked_mul(1 << shift).ok_or(Error::Config {
+        reason: "size overflows u64",
+        value: n,
+    })
+}
+
+fn parse_bool(v: &str) -> Result<bool> {
+    match v.trim() {
+        "true" | "on" | "1" | "yes" => Ok(true),
+        "false" | "off" | "0" | "no" => Ok(false),
+        _ => Err(Error::Config {
+            reason: "expected true or false",
+            value: 0,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn set_and_list() {
+        let mut c = VmConfig::default();
+        c.set("phys_bytes", "64M").unwrap();
+        c.set("cpus", "8").unwrap();
+        assert_eq!(c.phys_bytes, 64 << 20);
+        assert_eq!(c.cpus, 8);
+        let nd = c.non_default_knobs();
+        assert_eq!(
+            nd,
+            vec![
+                ("phys_bytes", (64u64 << 20).to_string()),
+                ("cpus", "8".to_string())
+            ]
+        );
+        assert!(c.set("nope", "1").is_err());
+        assert!(c.set("prefault", "maybe").is_err());
+        assert!(c.set("phys_bytes", "99999999999999999999G").is_err());
+    }
+
+    #[test]
+    fn validate_rejects_nonsense() {
+        assert!(
+            VmConfig {
+                cpus: 0,
+                ..VmConfig::default()
+            }
+            .validate()
+            .is_err()
+        );
+        assert!(
+            VmConfig {
+                phys_bytes: 4096,
+                ..VmConfig::default()
+            }
+            .validate()
+            .is_err()
+        );
+        assert!(VmConfig::default().validate().is_ok());
+    }
+}

@@ -1,0 +1,262 @@
+//! Errors: one typed enum for the whole crate, each variant with the Linux
+//! errno that the equivalent system call (or access) would produce.
+//!
+//! Messages name the operation, what was wrong and the offending value, e.g.
+//! `mprotect: address not page-aligned (0x7f0000000123)`.
+
+#![deny(unsafe_code)]
+
+use std::fmt;
+
+/// Which public operation an error came from (used in messages).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[non_exhaustive]
+pub enum Op {
+    /// [`AddressSpace::mmap`](crate::AddressSpace::mmap).
+    Mmap,
+    /// [`AddressSpace::munmap`](crate::AddressSpace::munmap).
+    Munmap,
+    /// [`AddressSpace::mprotect`](crate::AddressSpace::mprotect).
+    Mprotect,
+    /// [`AddressSpace::madvise`](crate::AddressSpace::madvise).
+    Madvise,
+    /// A load through [`AddressSpace::read`](crate::AddressSpace::read).
+    Read,
+    /// A store through [`AddressSpace::write`](crate::AddressSpace::write).
+    Write,
+    /// A single access through [`AddressSpace::touch`](crate::AddressSpace::touch).
+    Touch,
+    /// [`Vm::new`](crate::Vm::new).
+    NewVm,
+    /// [`Vm::new_space`](crate::Vm::new_space).
+    NewSpace,
+    /// [`Vm::attach`](crate::Vm::attach).
+    Attach,
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Op::Mmap => "mmap",
+            Op::Munmap => "munmap",
+            Op::Mprotect => "mprotect",
+            Op::Madvise => "madvise",
+            Op::Read => "read",
+            Op::Write => "write",
+            Op::Touch => "touch",
+            Op::NewVm => "Vm::new",
+            Op::NewSpace => "Vm::new_space",
+            Op::Attach => "Vm::attach",
+        })
+    }
+}
+
+/// The `si_code` of a SIGSEGV: why an access faulted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum SegvCode {
+    /// No mapping covers the address (`SEGV_MAPERR`).
+    MapErr,
+    /// A mapping covers the address but does not allow the access (`SEGV_ACCERR`).
+    AccErr,
+}
+
+impl SegvCode {
+    /// The Linux `si_code` value (`SEGV_MAPERR` = 1, `SEGV_ACCERR` = 2).
+    pub fn si_code(self) -> i32 {
+        match self {
+            SegvCode::MapErr => 1,
+            SegvCode::AccErr => 2,
+        }
+    }
+}
+
+impl fmt::Display for SegvCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SegvCode::MapErr => "SEGV_MAPERR: address not mapped",
+            SegvCode::AccErr => "SEGV_ACCERR: access not permitted by the mapping",
+        })
+    }
+}
+
+/// Everything that can go wrong, with the errno Linux would report.
+///
+/// ```
+/// use vmfault::{Error, SegvCode, Vm, VmConfig};
+/// let vm = Vm::new(VmConfig { phys_bytes: 4 << 20, ..VmConfig::default() })?;
+/// let space = vm.new_space()?;
+/// let err = space.read(0x10_0000, &mut [0u8; 1]).unwrap_err();
+/// assert_eq!(err, Error::Segv { addr: 0x10_0000, code: SegvCode::MapErr });
+/// assert_eq!(err.errno(), libc::EFAULT);
+/// # Ok::<(), vmfault::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A bad argument (`EINVAL`): unaligned address, zero length, unknown flag...
+    #[error("{op}: {reason} ({value:#x})")]
+    InvalidArgument {
+        /// The operation.
+        op: Op,
+        /// What was wrong.
+        reason: &'static str,
+        /// The offending value.
+        value: u64,
+    },
+    /// Out of physical frames (`ENOMEM`): nothing was installed, nothing leaked.
+    #[error("{op}: out of physical memory while allocating {what}")]
+    NoMemory {
+        /// The operation.
+        op: Op,
+        /// What could not be allocated (a data page, a page-table page...).
+        what: &'static str,
+    },
+    /// The range is not fully mapped (`ENOMEM`, as mprotect and madvise report holes).
+    #[error("{op}: range {addr:#x}..{end:#x} is not fully mapped")]
+    NotMapped {
+        /// The operation.
+        op: Op,
+        /// First address of the requested range.
+        addr: u64,
+        /// End of the requested range.
+        end: u64,
+    },
+    /// No room in the address space for the mapping, or the range lies beyond
+    /// the user address space (`ENOMEM`).
+    #[error("{op}: no room for {len:#x} bytes at {addr:#x} in the user address space")]
+    NoAddressSpace {
+        /// The operation.
+        op: Op,
+        /// The requested (or fixed) address; 0 for "anywhere".
+        addr: u64,
+        /// The requested length.
+        len: u64,
+    },
+    /// Too many mappings (`ENOMEM`, Linux's `vm.max_map_count`).
+    #[error("{op}: the address space already holds {count} mappings (limit {limit})")]
+    TooManyMappings {
+        /// The operation.
+        op: Op,
+        /// The current number of mappings.
+        count: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// `MAP_FIXED_NOREPLACE` over an existing mapping (`EEXIST`).
+    #[error("mmap: fixed range {addr:#x}..{end:#x} overlaps an existing mapping")]
+    Exists {
+        /// Start of the requested range.
+        addr: u64,
+        /// End of the requested range.
+        end: u64,
+    },
+    /// A file mapping without a file (`EBADF`): `mmap` without `MAP_ANONYMOUS`.
+    #[error("{op}: MAP_ANONYMOUS not set and no file given")]
+    BadFile {
+        /// The operation.
+        op: Op,
+    },
+    /// Not allowed (`EPERM`), e.g. a fixed mapping below `mmap_min_addr`.
+    #[error("{op}: not permitted: {reason} ({value:#x})")]
+    Permission {
+        /// The operation.
+        op: Op,
+        /// Why.
+        reason: &'static str,
+        /// The offending value.
+        value: u64,
+    },
+    /// An access a real process would die of with SIGSEGV (`EFAULT` when a
+    /// system call meets it). `addr` is the first address that faulted.
+    #[error("segmentation fault at {addr:#x}: {code}")]
+    Segv {
+        /// The first faulting address.
+        addr: u64,
+        /// Why it faulted.
+        code: SegvCode,
+    },
+    /// Every vCPU slot is attached to a thread (`EBUSY`).
+    #[error("Vm::attach: all {cpus} vCPU slots are attached (raise VmConfig::cpus)")]
+    NoCpu {
+        /// The configured number of vCPUs.
+        cpus: usize,
+    },
+    /// The calling thread is already attached to this `Vm` (`EBUSY`).
+    #[error("Vm::attach: this thread is already attached to this Vm as vCPU {cpu}")]
+    AlreadyAttached {
+        /// The slot the thread holds.
+        cpu: usize,
+    },
+    /// A bad [`VmConfig`](crate::VmConfig) (`EINVAL`).
+    #[error("VmConfig: {reason} ({value})")]
+    Config {
+        /// What was wrong.
+        reason: &'static str,
+        /// The offending value.
+        value: u64,
+    },
+    /// The host refused a system call vmfault needs (its errno is kept).
+    #[error("host {call} failed: {}", std::io::Error::from_raw_os_error(*errno))]
+    Host {
+        /// The host call.
+        call: &'static str,
+        /// The host's errno.
+        errno: i32,
+    },
+}
+
+impl Error {
+    /// The Linux errno for this error.
+    pub fn errno(&self) -> i32 {
+        match self {
+            Error::InvalidArgument { .. } | Error::Config { .. } => libc::EINVAL,
+            Error::NoMemory { .. }
+            | Error::NotMapped { .. }
+            | Error::NoAddressSpace { .. }
+            | Error::TooManyMappings { .. } => libc::ENOMEM,
+            Error::Exists { .. } => libc::EEXIST,
+            Error::Permission { .. } => libc::EPERM,
+            Error::BadFile { .. } => libc::EBADF,
+            Error::Segv { .. } => libc::EFAULT,
+            Error::NoCpu { .. } | Error::AlreadyAttached { .. } => libc::EBUSY,
+            Error::Host { errno, .. } => *errno,
+        }
+    }
+
+    pub(crate) fn inval(op: Op, reason: &'static str, value: u64) -> Error {
+        Error::InvalidArgument { op, reason, value }
+    }
+}
+
+/// The crate's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errno_matches_linux() {
+        assert_eq!(Error::inval(Op::Mmap, "x", 1).errno(), 22);
+        let nm = Error::NotMapped {
+            op: Op::Mprotect,
+            addr: 0,
+            end: 4096,
+        };
+        assert_eq!(nm.errno(), 12);
+        assert_eq!(Error::Exists { addr: 0, end: 1 }.errno(), 17);
+        let segv = Error::Segv {
+            addr: 5,
+            code: SegvCode::AccErr,
+        };
+        assert_eq!(segv.errno(), 14);
+        assert_eq!(SegvCode::MapErr.si_code(), 1);
+        assert_eq!(SegvCode::AccErr.si_code(), 2);
+    }
+
+    #[test]
+    fn messages_name_op_and_value() {
+        let e = Error::inval(Op::Mprotect, "address not page-aligned", 0x1234);
+        assert_eq!(e.to_string(), "mprotect: address not page-aligned (0x1234)");
+    }
+}

@@ -1,0 +1,35 @@
+//! The classic fault path: the map lock held for reading for the whole
+//! fault, so the VMA cannot change or go away underneath.
+//!
+//! Lock order here: map lock (read), then the anon lock if the VMA needs an
+//! object, then (inside an RCU section) the PTE lock, then the free-list
+//! lock inside allocations.
+
+#![deny(unsafe_code)]
+
+use super::{Fault, Resolved, anon};
+use crate::aspace::Space;
+use crate::error::{Result, SegvCode};
+use crate::phys::Pfn;
+use crate::types::TASK_SIZE;
+use crate::vm::Ctx;
+
+/// Find the VMA, check the access, and resolve the fault under the map lock.
+pub(super) fn fault(
+    ctx: &Ctx<'_>,
+    space: &Space,
+    fault: Fault,
+    f: impl FnOnce(Pfn),
+) -> Result<Resolved> {
+    if fault.addr >= TASK_SIZE {
+        return Err(fault.segv(ctx, SegvCode::MapErr));
+    }
+    let map = space.map_read(ctx);
+    let Some(vma) = map.find(fault.addr) else {
+        return Err(fault.segv(ctx, SegvCode::MapErr));
+    };
+    if !vma.prot.allows(fault.access) {
+        return Err(fault.segv(ctx, SegvCode::AccErr));
+    }
+    anon::resolve(ctx, space, &map, vma, fault, f)
+}

@@ -1,0 +1,100 @@
+//! # vmfault: a multiprocessor virtual-memory subsystem in user space
+//!
+//! Physical frames, address spaces, VM objects, 4-level software page
+//! tables and a page-fault path, built the way kernels build them for many
+//! CPUs, in one process, with Linux's semantics. Embed it as the memory
+//! manager of an emulator, a sandbox or a user-space kernel (one thread per
+//! vCPU), or use it to prototype and measure fault-path designs.
+//!
+//! ```
+//! use vmfault::{Vm, VmConfig, Prot, MapFlags, Access};
+//! let vm = Vm::new(VmConfig { phys_bytes: 64 << 20, cpus: 4, ..VmConfig::default() })?;
+//! let _cpu = vm.attach()?; // this thread is a vCPU until `_cpu` drops
+//! let space = vm.new_space()?;
+//! let a = space.mmap(0, 1 << 20, Prot::READ | Prot::WRITE, MapFlags::PRIVATE | MapFlags::ANONYMOUS)?;
+//! space.write(a + 10, b"hello")?;
+//! let mut buf = [0u8; 5];
+//! space.read(a + 10, &mut buf)?;
+//! assert_eq!(&buf, b"hello");
+//! space.touch(a + 8192, Access::Write)?; // one fault, like a single store
+//! space.munmap(a, 1 << 20)?;
+//! assert_eq!(vm.stats().faults, 2);
+//! # Ok::<(), vmfault::Error>(())
+//! ```
+//!
+//! ## Architecture
+//!
+//! | layer | module | what |
+//! |---|---|---|
+//! | sync | [`sync`] | our RCU with a blocking `synchronize`, vCPU slots, the PTE word lock, the loom shim |
+//! | phys | `phys` | frame arena, 64-byte page descriptors, the global free list, the frame protocol |
+//! | pmap | `pmap` | frame-backed radix trees: page tables (PTE locks, zap, protect, prune) and object indexes |
+//! | object | `object` | VM objects owning pages by index (private and shared anonymous) |
+//! | aspace | `aspace` | [`AddressSpace`]: VMA index, one file per operation, the software MMU |
+//! | fault | `fault` | the fault path: classic (map lock), anonymous-page resolution |
+//! | stats | [`stats`] | per-vCPU counters summed on read |
+//!
+//! Only `sync`, `phys` and `pmap` contain `unsafe`; every other module is
+//! `#![deny(unsafe_code)]`.
+//!
+//! ## Lock order (outer to inner)
+//!
+//! ```text
+//! address-space map lock [M]          (RwLock; faults read, changes write)
+//! └── anon lock                       (creation of private anonymous objects)
+//!     └── object lock [O]             (reserved: shadow chains, page renames)
+//!         └── page busy               (reserved: I/O on a page)
+//!             └── PTE lock [P]        (one word per page-table page)
+//!                 └── free-list lock [F]
+//! ```
+//!
+//! RCU read-side sections are not locks but obey one rule: nothing inside a
+//! section waits for a lock that anyone holds while calling
+//! `synchronize()` (in particular, never the map lock).
+//!
+//! ## Lock tags
+//!
+//! Every shared field says in its doc comment what protects it:
+//!
+//! | tag | meaning |
+//! |---|---|
+//! | `[M]` | the address space's map lock |
+//! | `[V]` | the VMA's own lock |
+//! | `[O]` | the object's lock (or the object's insertion protocol, where noted) |
+//! | `[P]` | the PTE lock of the page-table page |
+//! | `[F]` | the global free-list lock |
+//! | `[a]` | atomic; the field's doc names the operations it pairs with |
+//! | `[o]` | owner vCPU only: written by the thread holding the slot |
+//! | `[I]` | immutable after construction |
+//!
+//! Functions that need a lock held end in `_locked` and list their
+//! preconditions.
+//!
+//! ## Semantics
+//!
+//! Linux x86-64 is the oracle: errors (and which check comes first),
+//! zero-fill, page rounding, splitting and merging of mappings, SIGSEGV
+//! codes. `tests/differential.rs` compares random operation sequences with
+//! the host kernel; unknown `MAP_*`/`PROT_*` bits are the one deliberate
+//! difference (`EINVAL` here, ignored by Linux's `mmap`).
+
+#![warn(missing_docs)]
+
+mod aspace;
+pub mod config;
+pub mod error;
+mod fault;
+mod object;
+mod phys;
+mod pmap;
+pub mod stats;
+pub mod sync;
+pub mod types;
+mod vm;
+
+pub use aspace::{AddressSpace, MAX_MAP_COUNT};
+pub use config::VmConfig;
+pub use error::{Error, Op, Result, SegvCode};
+pub use stats::{Counter, CpuStats, Stats};
+pub use types::{Access, Advice, MMAP_MIN_ADDR, MapFlags, MappingInfo, PAGE_SIZE, Prot, TASK_SIZE};
+pub use vm::{CpuGuard, Vm};

@@ -1,0 +1,144 @@
+//! VM objects: the owners of pages, indexed by page offset.
+//!
+//! A mapping maps a range of an object; its pages live in the object, not
+//! in the page table. PTEs are a cache of translations that can be dropped
+//! and rebuilt from the object at any time (that is how `mprotect(PROT_NONE)`
+//! keeps the data, and how shared anonymous memory keeps it across
+//! `MADV_DONTNEED`).
+//!
+//! Kinds so far:
+//! - *private anonymous*: created at the first write fault of a VMA (Linux's
+//!   `anon_vma_prepare`), possibly shared with a neighbouring VMA so the two
+//!   can merge later; indexed by `address >> 12`.
+//! - *shared anonymous*: created at `mmap(MAP_SHARED | MAP_ANONYMOUS)`, like
+//!   Linux's shmem file behind it; indexed from 0.
+//!
+//! # The page index
+//! A [`Radix`] whose leaves hold `frame << 12 | 1`. Lookups are lockless
+//! (inside an RCU section or under the map lock); an insert is a CAS from
+//! empty, so two vCPUs faulting the same page of a shared object agree on
+//! one page and the loser frees its copy; removal swaps entries to zero and
+//! hands the frames to the caller, who frees them after a grace period.
+//! No object lock is needed on the fault path.
+
+#![deny(unsafe_code)]
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use crate::phys::{Kind, OwnedFrame, Pfn, PhysMem};
+use crate::pmap::{OutOfFrames, Radix};
+use crate::vm::{Ctx, Machine};
+
+/// A VM object.
+#[derive(Debug)]
+pub(crate) struct Object {
+    /// `[I]` unique in its `Vm` (recorded in page descriptors).
+    id: u64,
+    /// `[I]` root; entries `[a]` (see the module docs).
+    index: Radix,
+    /// `[I]` the machine, to free pages when the object dies.
+    m: Arc<Machine>,
+}
+
+const PRESENT: u64 = 1;
+
+impl Object {
+    /// A new anonymous object.
+    pub(crate) fn new_anon(ctx: &Ctx<'_>, m: &Arc<Machine>) -> Result<Arc<Object>, OutOfFrames> {
+        let index = Radix::new(&m.phys, Kind::Index)?;
+        Ok(Arc::new(Object {
+            id: ctx.new_object_id(),
+            index,
+            m: m.clone(),
+        }))
+    }
+
+    /// The page at `pindex`, if resident. Use inside an RCU section (or
+    /// under the map lock) and only while there.
+    #[inline]
+    pub(crate) fn lookup(&self, pindex: u64) -> Option<Pfn> {
+        let leaf = self.index.leaf(&self.m.phys, pindex)?;
+        // Acquire pairs with the Release CAS in `insert`: the page's
+        // contents were complete before it was published.
+        let e = leaf.entry.load(Ordering::Acquire);
+        (e & PRESENT != 0).then(|| Pfn((e >> 12) as u32))
+    }
+
+    /// Insert a filled page at `pindex`. Returns the page now at `pindex`:
+    /// ours, or the one another vCPU inserted first (ours is then freed).
+    /// On a lack of frames for the index, the page comes back unchanged.
+    pub(crate) fn insert(
+        &self,
+        pindex: u64,
+        page: OwnedFrame,
+    ) -> Result<Insert, (OutOfFrames, OwnedFrame)> {
+        let phys: &PhysMem = &self.m.phys;
+        let leaf = match self.index.leaf_alloc(phys, pindex) {
+            Ok((leaf, _)) => leaf,
+            Err(e) => return Err((e, page)),
+        };
+        let pfn = page.pfn();
+        let entry = (u64::from(pfn.0) << 12) | PRESENT;
+        // Release: the page's contents (zeroed or copied while it was an
+        // OwnedFrame) are visible to whoever finds it through the index.
+        match leaf
+            .entry
+            .compare_exchange(0, entry, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => {
+                let pfn = phys.publish(page, Kind::Data);
+                let desc = phys.page(pfn);
+                desc.object.store(self.id, Ordering::Relaxed);
+                desc.pindex.store(pindex, Ordering::Relaxed);
+                Ok(Insert::Ours(pfn))
+            }
+            Err(theirs) => {
+                phys.free_owned(page);
+                Ok(Insert::Theirs(Pfn((theirs >> 12) as u32)))
+            }
+        }
+    }
+
+    /// Remove every page with index in `start..end`, pushing their frames
+    /// onto `out`. The caller has unmapped them and frees them after a
+    /// grace period. Returns the number removed.
+    pub(crate) fn remove_range(&self, start: u64, end: u64, out: &mut Vec<Pfn>) -> u64 {
+        let mut n = 0;
+        self.index
+            .for_each_present(&self.m.phys, start, end, |_, leaf| {
+                let e = leaf.entry.swap(0, Ordering::AcqRel);
+                if e & PRESENT != 0 {
+                    out.push(Pfn((e >> 12) as u32));
+                    n += 1;
+                }
+            });
+        n
+    }
+}
+
+/// The outcome of [`Object::insert`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Insert {
+    /// Our page is now the object's.
+    Ours(Pfn),
+    /// Another vCPU inserted first; this is its page.
+    Theirs(Pfn),
+}
+
+impl Drop for Object {
+    fn drop(&mut self) {
+        let mut frames = Vec::new();
+        let mut leaves = Vec::new();
+        self.index.teardown(&self.m.phys, &mut frames, &mut leaves);
+        frames.extend(
+            leaves
+                .into_iter()
+                .filter(|e| e & PRESENT != 0)
+                .map(|e| Pfn((e >> 12) as u32)),
+        );
+        // Pages may still be mapped in PTEs that a walker read before they
+        // were zapped: wait out the grace period inside free_after_grace.
+        self.m.phys.free_after_grace(&self.m.rcu, &frames);
+    }
+}

@@ -1,0 +1,89 @@
+//! The frame arena: one host mapping that holds every physical frame.
+//!
+//! Mapped once when the `Vm` is created (private, anonymous, `NORESERVE`),
+//! optionally prefaulted with `MAP_POPULATE` so that host page faults do not
+//! pollute what we measure, advised `MADV_HUGEPAGE` (a kernel's direct map
+//! uses large pages too) and `MADV_DONTFORK`: a process that embeds vmfault
+//! and forks must not copy the whole arena into the child (the child could
+//! not use the `Vm` anyway: its vCPU threads do not exist there).
+
+use std::ptr::NonNull;
+
+use crate::error::{Error, Result};
+use crate::types::PAGE_SIZE;
+
+/// The memory behind all frames.
+#[derive(Debug)]
+pub(crate) struct Arena {
+    /// `[I]` base address, 4 KiB aligned (mmap returns page-aligned memory).
+    base: NonNull<u8>,
+    /// `[I]` length in bytes.
+    len: usize,
+}
+
+// SAFETY: the arena is plain memory owned by this value; all concurrent access
+// to its contents goes through atomics or through exclusively owned frames
+// (see the frame protocol in `phys/mod.rs`).
+unsafe impl Send for Arena {}
+// SAFETY: as above.
+unsafe impl Sync for Arena {}
+
+impl Arena {
+    /// Map `frames` frames.
+    pub(crate) fn new(frames: u32, prefault: bool) -> Result<Arena> {
+        let len = frames as usize * PAGE_SIZE as usize;
+        let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+        if prefault {
+            flags |= libc::MAP_POPULATE;
+        }
+        // SAFETY: a fresh anonymous mapping; no existing memory is affected.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                flags,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            let errno = std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::ENOMEM);
+            return Err(Error::Host {
+                call: "mmap of the frame arena",
+                errno,
+            });
+        }
+        // SAFETY: `p..p+len` is the mapping just created. Advice is best
+        // effort: failure only costs performance (HUGEPAGE) or fork time.
+        unsafe {
+            libc::madvise(p, len, libc::MADV_DONTFORK);
+            libc::madvise(p, len, libc::MADV_HUGEPAGE);
+        }
+        Ok(Arena {
+            base: NonNull::new(p.cast()).expect("mmap returned null"),
+            len,
+        })
+    }
+
+    /// Address of frame `pfn`'s first byte.
+    #[inline]
+    pub(crate) fn frame_ptr(&self, pfn: u32) -> *mut u8 {
+        debug_assert!((pfn as usize) < self.len / PAGE_SIZE as usize);
+        // SAFETY: in bounds (callers pass valid frame numbers; checked above
+        // in debug builds), so the offset stays inside the mapping.
+        unsafe { self.base.as_ptr().add(pfn as usize * PAGE_SIZE as usize) }
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly the mapping this value owns; no reference
+        // into it can outlive the arena (they borrow `PhysMem`).
+        unsafe {
+            libc::munmap(self.base.as_ptr().cast(), self.len);
+        }
+    }
+}

@@ -1,0 +1,272 @@
+//! Physical memory: the frame arena, the page descriptors and the global
+//! allocator.
+//!
+//! # The frame protocol
+//!
+//! Frame contents are shared memory that several vCPUs may touch at once,
+//! as a real machine's RAM is. To stay within Rust's memory model:
+//!
+//! 1. A frame that is allocated but not yet published is an [`OwnedFrame`]:
+//!    nobody else can reach it, so it may be filled with plain (fast,
+//!    vectorized) writes: zeroing a page is `memset`.
+//! 2. Once published (its number stored in a PTE, an object index or a
+//!    page-table entry, with Release), the frame is only accessed through
+//!    atomics: [`PhysMem::words`], [`PhysMem::read_bytes`], [`PhysMem::write_bytes`].
+//!    Racing loads and stores of a guest program are then well defined.
+//! 3. A published frame is freed only after it has been unlinked from
+//!    everywhere it was published *and a grace period has passed*
+//!    ([`PhysMem::free_after_grace`]): every vCPU that could have read its
+//!    number did so inside an RCU read-side section that has ended. This is
+//!    the TLB shootdown of a real kernel. Only then can the frame become
+//!    someone's `OwnedFrame` again and see plain writes.
+//!
+//! Breaking rule 3 would let a plain write race an atomic access, which is
+//! undefined behaviour; that is why the only way to free a published frame
+//! is through a function that waits for the grace period itself.
+//!
+//! Frame 0 is the shared zero page: always zero, never writable, never freed.
+
+pub(crate) mod arena;
+pub(crate) mod freelist;
+pub(crate) mod page;
+
+use std::sync::atomic::AtomicU64 as StdAtomicU64;
+use std::sync::atomic::Ordering;
+
+use arena::Arena;
+use freelist::FreeList;
+pub(crate) use page::{Kind, Page};
+
+use crate::error::Result;
+use crate::sync::rcu::Rcu;
+use crate::types::PAGE_SIZE;
+
+/// Words (u64) per frame.
+pub(crate) const WORDS: usize = PAGE_SIZE as usize / 8;
+
+/// A frame number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct Pfn(pub(crate) u32);
+
+/// An allocated frame that nobody else can reach (rule 1 of the protocol).
+/// Not `Clone`: it must be published or freed exactly once.
+#[derive(Debug)]
+#[must_use = "an OwnedFrame must be published or freed"]
+pub(crate) struct OwnedFrame(Pfn);
+
+impl OwnedFrame {
+    /// The frame number.
+    pub(crate) fn pfn(&self) -> Pfn {
+        self.0
+    }
+}
+
+/// The physical memory of one `Vm`.
+#[derive(Debug)]
+pub(crate) struct PhysMem {
+    /// `[I]` the frames' memory.
+    arena: Arena,
+    /// `[I]` one descriptor per frame (fields carry their own tags).
+    pages: Box<[Page]>,
+    /// `[F]` the global free list.
+    free: FreeList,
+}
+
+impl PhysMem {
+    /// Physical memory of `frames` frames; frame 0 becomes the zero page.
+    pub(crate) fn new(frames: u32, prefault: bool) -> Result<PhysMem> {
+        let arena = Arena::new(frames, prefault)?;
+        let pages: Box<[Page]> = (0..frames).map(|_| Page::new()).collect();
+        // A fresh anonymous mapping reads as zeros: frame 0 is already the zero page.
+        pages[0].set_kind(Kind::Free, Kind::Zero);
+        let free = FreeList::new(&pages, 1);
+        Ok(PhysMem { arena, pages, free })
+    }
+
+    /// The shared zero page.
+    pub(crate) fn zero_pfn(&self) -> Pfn {
+        Pfn(0)
+    }
+
+    /// Frames in total.
+    pub(crate) fn total_frames(&self) -> u64 {
+        self.pages.len() as u64
+    }
+
+    /// Frames on the global free list (a snapshot).
+    pub(crate) fn free_frames(&self) -> u64 {
+        self.free.free_frames()
+    }
+
+    /// Global free-list lock acquisitions so far.
+    pub(crate) fn lock_acquisitions(&self) -> u64 {
+        self.free.acquisitions()
+    }
+
+    /// The descriptor of `pfn`.
+    #[inline]
+    pub(crate) fn page(&self, pfn: Pfn) -> &Page {
+        &self.pages[pfn.0 as usize]
+    }
+
+    /// Allocate one frame (one global-lock acquisition).
+    pub(crate) fn alloc(&self) -> Option<OwnedFrame> {
+        self.free.take_one(&self.pages).map(|p| OwnedFrame(Pfn(p)))
+    }
+
+    /// Allocate one frame and zero it.
+    pub(crate) fn alloc_zeroed(&self) -> Option<OwnedFrame> {
+        let mut f = self.alloc()?;
+        self.zero(&mut f);
+        Some(f)
+    }
+
+    /// Fill an owned frame with zeros (plain writes: rule 1).
+    #[inline]
+    pub(crate) fn zero(&self, f: &mut OwnedFrame) {
+        // SAFETY: the frame lies inside the arena, and an `OwnedFrame` is
+        // reachable by nobody else (rule 1), so plain writes race nothing.
+        unsafe { std::ptr::write_bytes(self.arena.frame_ptr(f.0.0), 0, PAGE_SIZE as usize) }
+    }
+
+    /// Publish an owned frame as `kind`; from now on only atomics touch it.
+    #[inline]
+    pub(crate) fn publish(&self, f: OwnedFrame, kind: Kind) -> Pfn {
+        self.page(f.0).set_kind(Kind::Owned, kind);
+        f.0
+    }
+
+    /// Free a frame that was never published (nobody else can hold it).
+    pub(crate) fn free_owned(&self, f: OwnedFrame) {
+        self.free.give(&self.pages, std::iter::once(f.0.0));
+    }
+
+    /// Free published frames that have been unlinked from everywhere: wait
+    /// for a grace period of `rcu` (rule 3), then free them in one batch.
+    pub(crate) fn free_after_grace(&self, rcu: &Rcu, frames: &[Pfn]) {
+        if frames.is_empty() {
+            return;
+        }
+        rcu.synchronize();
+        let pages = &self.pages;
+        self.free.give(
+            pages,
+            frames.iter().map(|&pfn| {
+                let page = &pages[pfn.0 as usize];
+                let kind = page.kind();
+                assert!(
+                    matches!(kind, Kind::Data | Kind::Table | Kind::Index),
+                    "freeing a {kind:?} frame"
+                );
+                page.set_kind(kind, Kind::Owned);
+                page.object.store(0, Ordering::Relaxed);
+                pfn.0
+            }),
+        );
+    }
+
+    /// The frame as 512 atomic words (rule 2).
+    #[inline]
+    pub(crate) fn words(&self, pfn: Pfn) -> &[StdAtomicU64; WORDS] {
+        let p = self.arena.frame_ptr(pfn.0);
+        // SAFETY: the frame is 4096 bytes inside the arena, 8-byte aligned
+        // (the arena is page-aligned); `AtomicU64` has the layout of `u64`;
+        // the arena outlives `&self`. Published frames are only accessed
+        // atomically (rule 2), so no plain access races these atomics.
+        unsafe { &*(p as *const [StdAtomicU64; WORDS]) }
+    }
+
+    /// Copy bytes out of a published frame, starting at byte `offset`.
+    pub(crate) fn read_bytes(&self, pfn: Pfn, offset: usize, buf: &mut [u8]) {
+        assert!(offset + buf.len() <= PAGE_SIZE as usize);
+        let words = self.words(pfn);
+        let mut off = offset;
+        let mut done = 0;
+        while done < buf.len() {
+            let w = words[off / 8].load(Ordering::Relaxed).to_ne_bytes();
+            let at = off % 8;
+            let n = (8 - at).min(buf.len() - done);
+            buf[done..done + n].copy_from_slice(&w[at..at + n]);
+            done += n;
+            off += n;
+        }
+    }
+
+    /// Copy bytes into a published frame, starting at byte `offset`. Whole
+    /// words are stored; partial words are merged with a CAS so that
+    /// concurrent stores to the other bytes of the word are not lost.
+    pub(crate) fn write_bytes(&self, pfn: Pfn, offset: usize, data: &[u8]) {
+        assert!(offset + data.len() <= PAGE_SIZE as usize);
+        let words = self.words(pfn);
+        let mut off = offset;
+        let mut done = 0;
+        while done < data.len() {
+            let at = off % 8;
+            let n = (8 - at).min(data.len() - done);
+            let word = &words[off / 8];
+            if n == 8 {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(&data[done..done + 8]);
+                word.store(u64::from_ne_bytes(b), Ordering::Relaxed);
+            } else {
+                let src = &data[done..done + n];
+                let _ = word.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+                    let mut b = old.to_ne_bytes();
+                    b[at..at + n].copy_from_slice(src);
+                    Some(u64::from_ne_bytes(b))
+                });
+            }
+            done += n;
+            off += n;
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alloc_zero_publish_free() {
+        let phys = PhysMem::new(32, false).unwrap();
+        let (rcu, _r) = Rcu::new(1);
+        assert_eq!(phys.total_frames(), 32);
+        assert_eq!(phys.free_frames(), 31);
+        let f = phys.alloc_zeroed().unwrap();
+        let pfn = phys.publish(f, Kind::Data);
+        phys.write_bytes(pfn, 4093, b"abc");
+        phys.write_bytes(pfn, 0, b"0123456789");
+        let mut buf = [0u8; 12];
+        phys.read_bytes(pfn, 0, &mut buf);
+        assert_eq!(&buf, b"0123456789\0\0");
+        let mut tail = [0u8; 3];
+        phys.read_bytes(pfn, 4093, &mut tail);
+        assert_eq!(&tail, b"abc");
+        phys.free_after_grace(&rcu, &[pfn]);
+        assert_eq!(phys.free_frames(), 31);
+        // Reallocation zeroes it again.
+        let f = phys.alloc_zeroed().unwrap();
+        let pfn = phys.publish(f, Kind::Data);
+        phys.read_bytes(pfn, 4093, &mut tail);
+        assert_eq!(tail, [0; 3]);
+        let mut zero = [1u8; 16];
+        phys.read_bytes(phys.zero_pfn(), 100, &mut zero);
+        assert_eq!(zero, [0; 16]);
+        phys.free_after_grace(&rcu, &[pfn]);
+    }
+
+    #[test]
+    fn runs_out_cleanly() {
+        let phys = PhysMem::new(16, false).unwrap();
+        let mut frames = Vec::new();
+        while let Some(f) = phys.alloc() {
+            frames.push(f);
+        }
+        assert_eq!(frames.len(), 15);
+        assert_eq!(phys.free_frames(), 0);
+        for f in frames {
+            phys.free_owned(f);
+        }
+        assert_eq!(phys.free_frames(), 15);
+    }
+}

@@ -1,0 +1,103 @@
+//! The page descriptor (`vm_page`): 64 bytes per frame, in one array indexed
+//! by frame number, so that a frame number is all any layer needs to keep.
+//!
+//! Every field another CPU may read without a lock is an atomic; the tag on
+//! each field says who may write it.
+//!
+//! # Frame kinds (`kind`)
+//!
+//! | kind     | meaning                                        | reached through            |
+//! |----------|------------------------------------------------|----------------------------|
+//! | `FREE`   | on the global free list                        | the free list (`[F]`)      |
+//! | `OWNED`  | allocated, not yet published anywhere          | its `OwnedFrame` only      |
+//! | `DATA`   | a page of a VM object                          | object index, PTEs         |
+//! | `TABLE`  | a page-table page (512 PTEs)                   | the page table above it    |
+//! | `INDEX`  | a node of an object's page index               | the index node above it    |
+//! | `ZERO`   | the shared zero page, never freed              | PTEs (read-only)           |
+//!
+//! Transitions: `FREE -> OWNED` (alloc), `OWNED -> DATA|TABLE|INDEX|ZERO`
+//! (publish), `OWNED|DATA|TABLE|INDEX -> FREE` (free, after a grace period
+//! for anything that was published). Debug builds assert each one.
+
+use crate::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+/// Frame kinds; see the module docs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub(crate) enum Kind {
+    Free = 0,
+    Owned = 1,
+    Data = 2,
+    Table = 3,
+    Index = 4,
+    Zero = 5,
+}
+
+impl Kind {
+    fn from_u32(v: u32) -> Kind {
+        match v {
+            0 => Kind::Free,
+            1 => Kind::Owned,
+            2 => Kind::Data,
+            3 => Kind::Table,
+            4 => Kind::Index,
+            5 => Kind::Zero,
+            _ => unreachable!("corrupt page kind {v}"),
+        }
+    }
+}
+
+/// One frame's descriptor.
+#[derive(Debug)]
+#[repr(C, align(64))]
+pub(crate) struct Page {
+    /// `[a]` the frame's [`Kind`]; changed only by the frame's owner at the
+    /// transitions in the module table (Relaxed: publication of the frame
+    /// itself orders it).
+    kind: AtomicU32,
+    /// `[P]` the PTE lock word, used while `kind == TABLE`.
+    pub(crate) ptl: AtomicU32,
+    /// `[F]` next frame on the free list (`u32::MAX` ends it), valid while `FREE`.
+    pub(crate) next: AtomicU32,
+    /// `[O]` id of the object that owns this `DATA` page (0: none).
+    pub(crate) object: AtomicU64,
+    /// `[O]` index of this page in its object.
+    pub(crate) pindex: AtomicU64,
+}
+
+/// The budget of shared/DESIGN.md: at most 64 bytes per frame.
+const _: () = assert!(std::mem::size_of::<Page>() <= 64);
+
+impl Page {
+    pub(crate) fn new() -> Page {
+        Page {
+            kind: AtomicU32::new(Kind::Free as u32),
+            ptl: AtomicU32::new(0),
+            next: AtomicU32::new(u32::MAX),
+            object: AtomicU64::new(0),
+            pindex: AtomicU64::new(0),
+        }
+    }
+
+    /// The frame's kind (a snapshot).
+    #[inline]
+    pub(crate) fn kind(&self) -> Kind {
+        Kind::from_u32(self.kind.load(Ordering::Relaxed))
+    }
+
+    /// Move from `from` to `to`; debug builds check `from`.
+    #[inline]
+    pub(crate) fn set_kind(&self, from: Kind, to: Kind) {
+        if cfg!(debug_assertions) {
+            let old = self.kind.swap(to as u32, Ordering::Relaxed);
+            assert_eq!(
+                Kind::from_u32(old),
+                from,
+                "bad page kind transition {from:?} -> {to:?}"
+            );
+        } else {
+            // Only the frame's owner changes its kind: a plain store suffices.
+            self.kind.store(to as u32, Ordering::Relaxed);
+        }
+    }
+}

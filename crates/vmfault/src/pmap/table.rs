@@ -1,0 +1,217 @@
+//! [`Pmap`]: one address space's page table, and the operations on ranges
+//! of PTEs that munmap, mprotect and madvise need.
+//!
+//! Lockless walkers (the software MMU, the speculative fault path) read PTEs
+//! inside RCU read-side sections. Writers change a PTE only while holding
+//! the PTE lock of the page-table page that contains it (`[P]`), taken once
+//! per page-table page for range operations. Page-table pages themselves are
+//! freed only after a grace period, by [`Pmap::prune`] when no VMA covers
+//! their range any more (Linux's `free_pgtables`), or when the space dies.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::pte::Pte;
+use super::radix::{INDEX_LIMIT, Leaf, OutOfFrames, Radix};
+use crate::phys::{Kind, Pfn, PhysMem, WORDS};
+use crate::sync::spin::{self, WordGuard};
+use crate::types::{Access, PAGE_SHIFT, Prot};
+
+/// An address space's page table.
+#[derive(Debug)]
+pub(crate) struct Pmap {
+    /// `[I]` root; entries `[a]`, changed under the PTE lock (leaves) or by
+    /// CAS from empty (interior levels).
+    radix: Radix,
+    /// `[a]` page-table pages in use, root included (rarely written: only
+    /// when a table page is added or pruned).
+    tables: AtomicU64,
+}
+
+#[inline]
+fn vpn(addr: u64) -> u64 {
+    addr >> PAGE_SHIFT
+}
+
+impl Pmap {
+    /// An empty page table (one root page).
+    pub(crate) fn new(phys: &PhysMem) -> Result<Pmap, OutOfFrames> {
+        Ok(Pmap {
+            radix: Radix::new(phys, Kind::Table)?,
+            tables: AtomicU64::new(1),
+        })
+    }
+
+    /// Page-table pages in use.
+    pub(crate) fn tables(&self) -> u64 {
+        self.tables.load(Ordering::Relaxed)
+    }
+
+    /// The frame behind `addr` if its PTE lets `access` through: the TLB
+    /// hit of the software MMU. Call inside an RCU read-side section and
+    /// use the frame only inside it.
+    #[inline]
+    pub(crate) fn translate(&self, phys: &PhysMem, addr: u64, access: Access) -> Option<Pfn> {
+        let leaf = self.radix.leaf(phys, vpn(addr))?;
+        // Acquire pairs with the Release store that installed the PTE after
+        // the page was filled.
+        let pte = Pte(leaf.entry.load(Ordering::Acquire));
+        pte.allows(access).then(|| pte.pfn())
+    }
+
+    /// The PTE slot for `addr`, allocating page-table pages as needed.
+    pub(crate) fn pte_alloc<'p>(
+        &self,
+        phys: &'p PhysMem,
+        addr: u64,
+    ) -> Result<Leaf<'p>, OutOfFrames> {
+        let (leaf, added) = self.radix.leaf_alloc(phys, vpn(addr))?;
+        if added > 0 {
+            self.tables.fetch_add(u64::from(added), Ordering::Relaxed);
+        }
+        Ok(leaf)
+    }
+
+    /// Take the PTE lock of the page-table page holding `leaf`; also says
+    /// whether the lock was contended.
+    #[inline]
+    pub(crate) fn lock<'p>(phys: &'p PhysMem, leaf: &Leaf<'_>) -> (WordGuard<'p>, bool) {
+        spin::lock(&phys.page(leaf.node).ptl)
+    }
+
+    /// Apply `f` to every present PTE in `start..end` (addresses), each
+    /// page-table page under its PTE lock; `f` returns the new value.
+    /// Returns the number of PTEs changed.
+    pub(crate) fn update_range(
+        &self,
+        phys: &PhysMem,
+        start: u64,
+        end: u64,
+        mut f: impl FnMut(u64, Pte) -> Pte,
+    ) -> u64 {
+        let (s, e) = (vpn(start), vpn(end));
+        let mut changed = 0;
+        self.radix.for_each_leaf_node(phys, s, e, |base, node| {
+            let words = phys.words(node);
+            let _g = spin::lock(&phys.page(node).ptl).0;
+            let lo = s.max(base) - base;
+            let hi = e.min(base + WORDS as u64) - base;
+            for i in lo..hi {
+                let slot = &words[i as usize];
+                let old = Pte(slot.load(Ordering::Relaxed));
+                if !old.is_present() {
+                    continue;
+                }
+                let new = f((base + i) << PAGE_SHIFT, old);
+                if new != old {
+                    // Release: a walker that sees the new value also sees
+                    // whatever the caller prepared for it.
+                    slot.store(new.0, Ordering::Release);
+                    changed += 1;
+                }
+            }
+        });
+        changed
+    }
+
+    /// Clear every PTE in `start..end`, calling `f(addr, old)` for each one
+    /// that was present. The frames they mapped may still be in use by
+    /// walkers until a grace period passes.
+    pub(crate) fn zap(
+        &self,
+        phys: &PhysMem,
+        start: u64,
+        end: u64,
+        mut f: impl FnMut(u64, Pte),
+    ) -> u64 {
+        self.update_range(phys, start, end, |addr, old| {
+            f(addr, old);
+            Pte::NONE
+        })
+    }
+
+    /// Narrow every present PTE in `start..end` to `prot` (`PROT_NONE`
+    /// unmaps; the pages stay in their objects).
+    pub(crate) fn protect(&self, phys: &PhysMem, start: u64, end: u64, prot: Prot) -> u64 {
+        if prot.is_empty() {
+            return self.zap(phys, start, end, |_, _| {});
+        }
+        self.update_range(phys, start, end, |_, old| old.restricted(prot))
+    }
+
+    /// Detach the page-table pages that lie wholly inside `floor..ceiling`
+    /// (addresses; a range no VMA touches) and push them onto `out`, to be
+    /// freed after a grace period. Their PTEs must already be clear.
+    ///
+    /// The caller holds the map lock for writing, which excludes faults
+    /// that could add a table in the range.
+    pub(crate) fn prune(&self, phys: &PhysMem, floor: u64, ceiling: u64, out: &mut Vec<Pfn>) {
+        let before = out.len();
+        let ceiling = if ceiling >= INDEX_LIMIT << PAGE_SHIFT {
+            INDEX_LIMIT
+        } else {
+            vpn(ceiling)
+        };
+        self.radix.prune(phys, vpn(floor), ceiling, out);
+        let freed = (out.len() - before) as u64;
+        if freed > 0 {
+            self.tables.fetch_sub(freed, Ordering::Relaxed);
+        }
+    }
+
+    /// Push every page-table page onto `out`, to be freed after a grace
+    /// period (the space is dying: `&mut self` proves no walker holds the
+    /// table). PTEs still present are dropped with it: the pages they map
+    /// belong to objects, which free them.
+    pub(crate) fn teardown(&mut self, phys: &PhysMem, out: &mut Vec<Pfn>) {
+        let mut leaves = Vec::new();
+        self.radix.teardown(phys, out, &mut leaves);
+        self.tables.store(0, Ordering::Relaxed);
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::sync::rcu::Rcu;
+
+    #[test]
+    fn install_translate_protect_zap_prune() {
+        let phys = PhysMem::new(64, false).unwrap();
+        let (rcu, _r) = Rcu::new(1);
+        let mut pmap = Pmap::new(&phys).unwrap();
+        let addr = 0x7f00_0000_3000;
+        assert_eq!(pmap.translate(&phys, addr, Access::Read), None);
+        let leaf = pmap.pte_alloc(&phys, addr).unwrap();
+        assert_eq!(pmap.tables(), 4);
+        let frame = phys.publish(phys.alloc_zeroed().unwrap(), Kind::Data);
+        {
+            let (_g, contended) = Pmap::lock(&phys, &leaf);
+            assert!(!contended);
+            assert!(spin::try_lock(&phys.page(leaf.node).ptl).is_none());
+            leaf.entry
+                .store(Pte::new(frame, true, false, true).0, Ordering::Release);
+        }
+        assert_eq!(pmap.translate(&phys, addr + 5, Access::Write), Some(frame));
+        assert_eq!(pmap.translate(&phys, addr, Access::Exec), None);
+        assert_eq!(pmap.protect(&phys, addr, addr + 4096, Prot::READ), 1);
+        assert_eq!(pmap.translate(&phys, addr, Access::Write), None);
+        assert_eq!(pmap.translate(&phys, addr, Access::Read), Some(frame));
+        let mut seen = Vec::new();
+        assert_eq!(
+            pmap.zap(&phys, 0, 1 << 47, |a, p| seen.push((a, p.pfn()))),
+            1
+        );
+        assert_eq!(seen, vec![(addr, frame)]);
+        let mut out = Vec::new();
+        pmap.prune(&phys, 0, 1 << 47, &mut out);
+        assert_eq!(out.len(), 3);
+        assert_eq!(pmap.tables(), 1);
+        out.push(frame);
+        phys.free_after_grace(&rcu, &out);
+        let mut rest = Vec::new();
+        pmap.teardown(&phys, &mut rest);
+        assert_eq!(rest.len(), 1);
+        phys.free_after_grace(&rcu, &rest);
+        assert_eq!(phys.free_frames(), 63);
+    }
+}

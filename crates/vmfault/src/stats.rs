@@ -1,0 +1,195 @@
+//! Statistics: per-vCPU event counters summed on read, plus gauges computed
+//! when [`Vm::stats`](crate::Vm::stats) is called.
+//!
+//! A counter lives in its vCPU's slot and is written only by the thread that
+//! holds that slot (`[o]`), with a plain load and store of a relaxed atomic:
+//! no locked instruction, no cache line shared between vCPUs. Readers sum
+//! the slots; a sum taken while vCPUs run is a snapshot, exact once they stop.
+//!
+//! Names follow the seeds where they name something (`spf_*` from the
+//! speculative page fault series, `pcp_*` from OpenBSD's per-CPU caches).
+
+#![deny(unsafe_code)]
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+macro_rules! stats {
+    (
+        gauges { $($g:ident : $gdesc:literal,)* }
+        counters { $($c:ident : $cdesc:literal,)* }
+    ) => {
+        /// A per-vCPU event counter.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[allow(non_camel_case_types)]
+        pub enum Counter {
+            $(#[doc = $cdesc] $c,)*
+        }
+
+        impl Counter {
+            /// Every counter, in display order.
+            pub const ALL: &'static [Counter] = &[$(Counter::$c,)*];
+
+            /// The counter's name (also its field in [`Stats`]).
+            pub fn name(self) -> &'static str {
+                match self { $(Counter::$c => stringify!($c),)* }
+            }
+
+            /// What the counter counts.
+            pub fn description(self) -> &'static str {
+                match self { $(Counter::$c => $cdesc,)* }
+            }
+        }
+
+        /// A snapshot of a `Vm`'s statistics.
+        ///
+        /// Gauges describe the state now; counters count events since the
+        /// `Vm` was created, summed over all vCPU slots.
+        #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+        pub struct Stats {
+            $(#[doc = $gdesc] pub $g: u64,)*
+            $(#[doc = $cdesc] pub $c: u64,)*
+        }
+
+        impl Stats {
+            /// Every value as `(name, value, description)`, gauges first.
+            pub fn entries(&self) -> Vec<(&'static str, u64, &'static str)> {
+                vec![
+                    $((stringify!($g), self.$g, $gdesc),)*
+                    $((stringify!($c), self.$c, $cdesc),)*
+                ]
+            }
+
+            /// A value by name.
+            pub fn get(&self, name: &str) -> Option<u64> {
+                match name {
+                    $(stringify!($g) => Some(self.$g),)*
+                    $(stringify!($c) => Some(self.$c),)*
+                    _ => None,
+                }
+            }
+
+            pub(crate) fn add_counters(&mut self, c: &CounterSet) {
+                $(self.$c += c.get(Counter::$c);)*
+            }
+        }
+
+        /// One vCPU's counter values.
+        #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+        pub struct CpuCounters {
+            $(#[doc = $cdesc] pub $c: u64,)*
+        }
+
+        impl CpuCounters {
+            pub(crate) fn from_set(c: &CounterSet) -> CpuCounters {
+                CpuCounters { $($c: c.get(Counter::$c),)* }
+            }
+
+            /// A value by name.
+            pub fn get(&self, name: &str) -> Option<u64> {
+                match name {
+                    $(stringify!($c) => Some(self.$c),)*
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+stats! {
+    gauges {
+        total_pages: "frames of physical memory",
+        free_pages: "frames free (global free list)",
+        page_table_pages: "frames used as page-table pages",
+        index_pages: "frames used as object page-index nodes",
+        data_pages: "frames holding data pages of VM objects",
+        global_lock_acquisitions: "acquisitions of the global free-list lock",
+        cpus_attached: "vCPU slots attached to a thread now",
+    }
+    counters {
+        faults: "page faults handled (every outcome)",
+        zero_fill: "faults that allocated and zeroed a new page",
+        zero_page_maps: "read faults satisfied by mapping the shared zero page",
+        page_maps: "faults that mapped a page already resident in its object",
+        write_upgrades: "write faults that only made an existing PTE writable",
+        fault_races: "faults that found the PTE already installed by another vCPU",
+        segv: "faults that ended in SIGSEGV",
+        fault_nomem: "faults that failed for lack of frames",
+        map_lock_acquisitions: "address-space map lock acquisitions (read or write)",
+        map_lock_writes: "address-space map lock acquisitions for writing",
+        pte_lock_contended: "PTE lock acquisitions that had to wait",
+        pte_lock_try_failures: "PTE lock try-locks that failed",
+        tlb_shootdowns: "grace periods waited for before reusing unmapped frames",
+        mmap_calls: "mmap calls",
+        munmap_calls: "munmap calls",
+        mprotect_calls: "mprotect calls",
+        madvise_calls: "madvise calls",
+        pages_unmapped: "PTEs cleared by munmap, madvise and mprotect(PROT_NONE)",
+    }
+}
+
+/// The counters of one vCPU slot (`[o]`: written by the slot's owner only).
+#[derive(Debug)]
+pub(crate) struct CounterSet {
+    values: Box<[AtomicU64]>,
+}
+
+impl CounterSet {
+    pub(crate) fn new() -> CounterSet {
+        CounterSet {
+            values: (0..Counter::ALL.len()).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// Add `n` to counter `c`. Only the slot's owner calls this.
+    #[inline]
+    pub(crate) fn add(&self, c: Counter, n: u64) {
+        let v = &self.values[c as usize];
+        // Single writer: load + store, no locked instruction.
+        v.store(v.load(Ordering::Relaxed) + n, Ordering::Relaxed);
+    }
+
+    /// Add one to counter `c`.
+    #[inline]
+    pub(crate) fn inc(&self, c: Counter) {
+        self.add(c, 1);
+    }
+
+    /// Read counter `c` (a snapshot).
+    pub(crate) fn get(&self, c: Counter) -> u64 {
+        self.values[c as usize].load(Ordering::Relaxed)
+    }
+}
+
+/// The counters of one vCPU slot, for per-vCPU views like `vmfault top`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct CpuStats {
+    /// Slot index (`cpus` is the shared slot of unattached threads).
+    pub cpu: usize,
+    /// Whether a thread is attached to the slot now.
+    pub attached: bool,
+    /// The slot's counters.
+    pub counters: CpuCounters,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_lookup() {
+        let set = CounterSet::new();
+        set.inc(Counter::faults);
+        set.add(Counter::zero_fill, 3);
+        let mut s = Stats::default();
+        s.add_counters(&set);
+        s.add_counters(&set);
+        assert_eq!(s.faults, 2);
+        assert_eq!(s.get("zero_fill"), Some(6));
+        assert_eq!(s.get("nonsense"), None);
+        assert_eq!(Counter::faults.name(), "faults");
+        let names: Vec<_> = s.entries().iter().map(|e| e.0).collect();
+        assert!(names.contains(&"free_pages") && names.contains(&"pte_lock_contended"));
+        let json = serde_json::to_value(&s).unwrap();
+        assert_eq!(json["faults"], 2);
+    }
+}

@@ -1,0 +1,59 @@
+//! Synchronization primitives, written once for `std` and once for loom.
+//!
+//! Everything that the concurrency protocols of the crate depend on goes
+//! through this module, so the loom models in `tests/loom_*.rs` check the
+//! code that runs, not a copy of it:
+//!
+//! - [`rcu`]: a small RCU with a *blocking* `synchronize()` (no crate offers
+//!   one): per-reader counters that are odd inside a read-side section.
+//! - `cpu`: vCPU slots. A thread attached to a slot owns its per-CPU data the
+//!   way a kernel CPU owns its per-CPU data with preemption disabled.
+//! - `spin`: the word lock used as the PTE lock (`[P]`), with a try-lock.
+//!
+//! Under `--cfg loom` the atomics, fences and spin hints are loom's.
+
+pub(crate) mod cpu;
+pub mod rcu;
+pub(crate) mod spin;
+
+/// Atomics: `std`'s, or loom's under `--cfg loom`.
+pub(crate) mod atomic {
+    #[cfg(loom)]
+    pub(crate) use loom::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
+    #[cfg(not(loom))]
+    pub(crate) use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
+}
+
+/// One step of a wait loop: a CPU relax hint, and after `spins` steps a
+/// yield to the host scheduler, so a waiter never burns a core that the
+/// thread it waits for needs (these machines run more vCPUs than cores).
+#[inline]
+pub(crate) fn backoff(spins: &mut u32) {
+    #[cfg(loom)]
+    {
+        let _ = spins;
+        loom::thread::yield_now();
+    }
+    #[cfg(not(loom))]
+    {
+        if *spins < 64 {
+            *spins += 1;
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// Pads and aligns a value to its own cache lines (128 bytes: two lines,
+/// because adjacent-line prefetch makes neighbours share in practice).
+#[derive(Debug, Default)]
+#[repr(align(128))]
+pub(crate) struct CachePadded<T>(pub(crate) T);
+
+impl<T> std::ops::Deref for CachePadded<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}

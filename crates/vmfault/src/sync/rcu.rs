@@ -1,0 +1,259 @@
+//! A small RCU with a blocking [`Rcu::synchronize`].
+//!
+//! # Why our own
+//! The protocols of this crate need "unlink, wait until nobody can still see
+//! it, then reuse": a TLB shootdown before freeing unmapped frames, the
+//! remote drain of a per-CPU page cache, freeing page-table pages under a
+//! lockless walker. That needs a *blocking* grace-period wait; crossbeam-epoch
+//! and seize only defer frees (see `shared/notes/crates.md`).
+//!
+//! # How
+//! Each reader (one per vCPU slot) owns a counter. The counter is odd while
+//! the reader is inside a read-side section and even outside it, so a vCPU
+//! that is idle, blocked, or running its own code outside vmfault is
+//! *quiescent* without doing anything: the user-space analogue of NOHZ_FULL.
+//!
+//! ```text
+//! reader (owner of counter c)          writer
+//!   c.store(c+1)   [now odd]             unlink X (e.g. clear a PTE)
+//!   fence(SeqCst)  ---- pairs with ----  fence(SeqCst)
+//!   read pointers, use X                 for each reader r:
+//!   c.store(c+1, Release) [even] ---->     v = r.load(Acquire)
+//!                         pairs with       if v is odd: wait until r != v
+//!                                        reuse X
+//! ```
+//!
+//! Either the writer's fence comes first in the SeqCst order, and the reader
+//! cannot see X any more; or the reader's fence comes first, and the writer's
+//! load sees the odd counter and waits until that section ends. The Release
+//! store at the end of the section pairs with the writer's Acquire load, so
+//! everything the reader did inside happens-before the reuse.
+//!
+//! # Rules
+//! - A read-side section never blocks on a lock that anybody holds across
+//!   `synchronize()` (in particular not on an address space's map lock):
+//!   that would deadlock. Sections are short and explicit.
+//! - `synchronize()` is never called inside a read-side section of the
+//!   calling thread (debug builds check this).
+//! - Sections nest (a nesting count in the [`RcuReader`]); only the
+//!   outermost one touches the counter.
+//!
+//! The loom model `tests/loom_rcu.rs` checks the reader/writer pairing, and
+//! fails when the grace period is skipped (`--cfg vmfault_mutation="rcu_no_grace"`).
+
+use std::cell::Cell;
+
+use super::CachePadded;
+use super::atomic::{AtomicU64, Ordering, fence};
+
+/// A set of readers and the grace-period machinery over them.
+#[derive(Debug)]
+pub struct Rcu {
+    /// One counter per reader; odd inside a read-side section.
+    /// `[a]`: written only by the reader that owns it, read by `synchronize`.
+    counters: Box<[CachePadded<AtomicU64>]>,
+}
+
+/// The right to enter read-side sections as one reader of an [`Rcu`].
+///
+/// Exactly one exists per reader, created by [`Rcu::new`]; it is `Send` but
+/// not `Sync`, so one thread at a time uses it.
+#[derive(Debug)]
+pub struct RcuReader {
+    /// `[I]` which counter this reader owns.
+    index: usize,
+    /// `[I]` address of the owning `Rcu`'s counter array, to catch mix-ups.
+    owner: usize,
+    /// `[o]` nesting depth of read-side sections.
+    nesting: Cell<u32>,
+}
+
+/// A read-side section; ends when dropped.
+#[derive(Debug)]
+#[must_use = "the read-side section ends when the guard is dropped"]
+pub struct RcuReadGuard<'a> {
+    rcu: &'a Rcu,
+    reader: &'a RcuReader,
+}
+
+#[cfg(all(debug_assertions, not(loom)))]
+thread_local! {
+    /// Read-side sections the current thread is inside (any `Rcu`).
+    static SECTIONS: Cell<u32> = const { Cell::new(0) };
+}
+
+impl Rcu {
+    /// An RCU with `readers` readers, and the reader handles.
+    pub fn new(readers: usize) -> (Rcu, Vec<RcuReader>) {
+        let counters: Box<[CachePadded<AtomicU64>]> = (0..readers)
+            .map(|_| CachePadded(AtomicU64::new(0)))
+            .collect();
+        let owner = counters.as_ptr() as usize;
+        let handles = (0..readers)
+            .map(|index| RcuReader {
+                index,
+                owner,
+                nesting: Cell::new(0),
+            })
+            .collect();
+        (Rcu { counters }, handles)
+    }
+
+    /// Enter a read-side section as `reader`.
+    ///
+    /// Anything unlinked before a concurrent `synchronize()` returns cannot be
+    /// reached inside a section that started after it; anything reached
+    /// inside a section stays valid until the section ends.
+    #[inline]
+    pub fn read_lock<'a>(&'a self, reader: &'a RcuReader) -> RcuReadGuard<'a> {
+        assert_eq!(
+            reader.owner,
+            self.counters.as_ptr() as usize,
+            "RcuReader used with another Rcu"
+        );
+        let depth = reader.nesting.get();
+        if depth == 0 {
+            let c = &self.counters[reader.index];
+            // Only this reader writes its counter, so load + store suffices.
+            let v = c.load(Ordering::Relaxed);
+            debug_assert!(v & 1 == 0, "reader counter odd outside a section");
+            c.store(v + 1, Ordering::Relaxed);
+            // Pairs with the fence at the start of `synchronize`: either the
+            // writer sees this odd counter, or this section sees the unlink.
+            fence(Ordering::SeqCst);
+        }
+        reader.nesting.set(depth + 1);
+        #[cfg(all(debug_assertions, not(loom)))]
+        SECTIONS.with(|s| s.set(s.get() + 1));
+        RcuReadGuard { rcu: self, reader }
+    }
+
+    /// Wait for a grace period: every read-side section that was running
+    /// when this call started has ended when it returns. Readers that are
+    /// outside a section are not waited for at all.
+    ///
+    /// Must not be called inside a read-side section of the calling thread.
+    pub fn synchronize(&self) {
+        #[cfg(all(debug_assertions, not(loom)))]
+        SECTIONS.with(|s| assert_eq!(s.get(), 0, "Rcu::synchronize inside a read-side section"));
+        if cfg!(vmfault_mutation = "rcu_no_grace") {
+            // Mutation for the loom model: skip the grace period entirely.
+            return;
+        }
+        // Pairs with the fence in `read_lock`.
+        fence(Ordering::SeqCst);
+        for c in self.counters.iter() {
+            // Acquire pairs with the Release store that ends the section.
+            let v = c.load(Ordering::Acquire);
+            if v & 1 == 1 {
+                let mut spins = 0;
+                while c.load(Ordering::Acquire) == v {
+                    super::backoff(&mut spins);
+                }
+            }
+        }
+    }
+
+    /// Number of readers.
+    pub fn readers(&self) -> usize {
+        self.counters.len()
+    }
+
+    /// Whether `reader` is outside any read-side section right now (a
+    /// snapshot, for statistics and tests).
+    pub fn is_quiescent(&self, reader: usize) -> bool {
+        self.counters[reader].load(Ordering::Relaxed) & 1 == 0
+    }
+}
+
+impl RcuReader {
+    /// The index of this reader in its `Rcu`.
+    pub fn index(&self) -> usize {
+        self.index
+    }
+}
+
+impl Drop for RcuReadGuard<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        let depth = self.reader.nesting.get() - 1;
+        self.reader.nesting.set(depth);
+        #[cfg(all(debug_assertions, not(loom)))]
+        SECTIONS.with(|s| s.set(s.get() - 1));
+        if depth == 0 {
+            let c = &self.rcu.counters[self.reader.index];
+            let v = c.load(Ordering::Relaxed);
+            // Release: everything done inside the section happens-before a
+            // `synchronize` that observes the even value.
+            c.store(v + 1, Ordering::Release);
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
+
+    #[test]
+    fn nesting_and_quiescence() {
+        let (rcu, readers) = Rcu::new(2);
+        assert!(rcu.is_quiescent(0));
+        {
+            let _a = rcu.read_lock(&readers[0]);
+            assert!(!rcu.is_quiescent(0));
+            {
+                let _b = rcu.read_lock(&readers[0]);
+            }
+            assert!(!rcu.is_quiescent(0));
+        }
+        assert!(rcu.is_quiescent(0));
+        rcu.synchronize();
+    }
+
+    #[test]
+    fn synchronize_waits_for_a_running_section() {
+        let (rcu, mut readers) = Rcu::new(2);
+        let rcu = Arc::new(rcu);
+        let r1 = readers.pop().unwrap();
+        let inside = Arc::new(AtomicBool::new(false));
+        let release = Arc::new(AtomicBool::new(false));
+        let done = Arc::new(AtomicBool::new(false));
+        let t = {
+            let (rcu, inside, release, done) =
+                (rcu.clone(), inside.clone(), release.clone(), done.clone());
+            std::thread::spawn(move || {
+                let g = rcu.read_lock(&r1);
+                inside.store(true, Ordering::SeqCst);
+                while !release.load(Ordering::SeqCst) {
+                    std::thread::yield_now();
+                }
+                done.store(true, Ordering::SeqCst);
+                drop(g);
+            })
+        };
+        while !inside.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        let s = {
+            let (rcu, done) = (rcu.clone(), done.clone());
+            std::thread::spawn(move || {
+                rcu.synchronize();
+                // The section must have finished before synchronize returned.
+                assert!(done.load(Ordering::SeqCst));
+            })
+        };
+        release.store(true, Ordering::SeqCst);
+        t.join().unwrap();
+        s.join().unwrap();
+    }
+
+    #[test]
+    #[should_panic(expected = "another Rcu")]
+    fn reader_of_other_rcu_is_rejected() {
+        let (a, _ra) = Rcu::new(1);
+        let (_b, rb) = Rcu::new(1);
+        let _g = a.read_lock(&rb[0]);
+    }
+}

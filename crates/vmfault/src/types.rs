@@ -1,0 +1,215 @@
+//! The value types of the public API: protections, mapping flags, access
+//! kinds, advice, and the `/proc/self/maps`-like description of a mapping.
+//!
+//! Bit values are Linux x86-64's, so a caller can pass the numbers it would
+//! pass to the system call (`Prot::from_bits_retain(libc::PROT_READ as u32)`).
+
+#![deny(unsafe_code)]
+
+use bitflags::bitflags;
+
+/// The size of a page (and of a frame): 4 KiB.
+pub const PAGE_SIZE: u64 = 4096;
+/// log2 of [`PAGE_SIZE`].
+pub const PAGE_SHIFT: u32 = 12;
+/// One past the highest user address (x86-64 with 4-level paging,
+/// Linux's `TASK_SIZE`).
+pub const TASK_SIZE: u64 = (1 << 47) - PAGE_SIZE;
+/// The lowest address a mapping may use (Linux's default `vm.mmap_min_addr`).
+pub const MMAP_MIN_ADDR: u64 = 0x10000;
+
+bitflags! {
+    /// Page protection, as `PROT_*` (`Prot::empty()` is `PROT_NONE`).
+    ///
+    /// As on x86, `WRITE` and `EXEC` imply that loads succeed.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+    pub struct Prot: u32 {
+        /// `PROT_READ`.
+        const READ = libc::PROT_READ as u32;
+        /// `PROT_WRITE`.
+        const WRITE = libc::PROT_WRITE as u32;
+        /// `PROT_EXEC`.
+        const EXEC = libc::PROT_EXEC as u32;
+    }
+}
+
+impl Prot {
+    /// `PROT_NONE`.
+    pub const NONE: Prot = Prot::empty();
+
+    /// Whether an access of this kind is allowed (x86 rules: any of
+    /// READ, WRITE or EXEC allows loads).
+    pub fn allows(self, access: Access) -> bool {
+        match access {
+            Access::Read => !self.is_empty(),
+            Access::Write => self.contains(Prot::WRITE),
+            Access::Exec => self.contains(Prot::EXEC),
+        }
+    }
+}
+
+bitflags! {
+    /// Mapping flags, as `MAP_*`. Exactly one of `PRIVATE` and `SHARED` is required.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+    pub struct MapFlags: u32 {
+        /// `MAP_SHARED`: stores are visible to every mapping of the object.
+        const SHARED = libc::MAP_SHARED as u32;
+        /// `MAP_PRIVATE`: copy-on-write.
+        const PRIVATE = libc::MAP_PRIVATE as u32;
+        /// `MAP_FIXED`: place exactly at `addr`, replacing what is there.
+        const FIXED = libc::MAP_FIXED as u32;
+        /// `MAP_ANONYMOUS`: zero-filled memory not backed by a file.
+        const ANONYMOUS = libc::MAP_ANONYMOUS as u32;
+        /// `MAP_NORESERVE`: do not account the mapping against commit limits.
+        const NORESERVE = libc::MAP_NORESERVE as u32;
+        /// `MAP_POPULATE`: fault every page in before returning.
+        const POPULATE = libc::MAP_POPULATE as u32;
+        /// `MAP_FIXED_NOREPLACE`: like `FIXED`, but fail with `EEXIST` over an existing mapping.
+        const FIXED_NOREPLACE = libc::MAP_FIXED_NOREPLACE as u32;
+    }
+}
+
+/// The kind of a memory access through the software MMU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum Access {
+    /// A load.
+    Read,
+    /// A store.
+    Write,
+    /// An instruction fetch (needs `PROT_EXEC`).
+    Exec,
+}
+
+/// `madvise` advice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum Advice {
+    /// `MADV_NORMAL`: clear `Random`/`Sequential`.
+    Normal,
+    /// `MADV_RANDOM`: expect random access (a VMA flag; splits the mapping).
+    Random,
+    /// `MADV_SEQUENTIAL`: expect sequential access (a VMA flag; splits the mapping).
+    Sequential,
+    /// `MADV_WILLNEED`: expect access soon (no effect on anonymous memory without swap).
+    WillNeed,
+    /// `MADV_DONTNEED`: drop the pages; private anonymous memory reads back as
+    /// zeros, shared memory keeps its contents.
+    DontNeed,
+    /// `MADV_FREE`: private anonymous memory may be reclaimed lazily; until it
+    /// is, contents stay (`EINVAL` on other mappings).
+    Free,
+}
+
+impl Advice {
+    /// The Linux `MADV_*` value.
+    pub fn as_raw(self) -> i32 {
+        match self {
+            Advice::Normal => libc::MADV_NORMAL,
+            Advice::Random => libc::MADV_RANDOM,
+            Advice::Sequential => libc::MADV_SEQUENTIAL,
+            Advice::WillNeed => libc::MADV_WILLNEED,
+            Advice::DontNeed => libc::MADV_DONTNEED,
+            Advice::Free => libc::MADV_FREE,
+        }
+    }
+
+    /// The advice for a Linux `MADV_*` value, if vmfault supports it.
+    pub fn from_raw(raw: i32) -> Option<Advice> {
+        [
+            Advice::Normal,
+            Advice::Random,
+            Advice::Sequential,
+            Advice::WillNeed,
+            Advice::DontNeed,
+            Advice::Free,
+        ]
+        .into_iter()
+        .find(|a| a.as_raw() == raw)
+    }
+}
+
+/// One mapping, as a line of `/proc/self/maps` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+pub struct MappingInfo {
+    /// First address.
+    pub start: u64,
+    /// One past the last address.
+    pub end: u64,
+    /// Protection.
+    pub prot: Prot,
+    /// `MAP_SHARED` (the `s` in `rw-s`).
+    pub shared: bool,
+}
+
+impl std::fmt::Display for MappingInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let bit = |p: Prot, c: char| if self.prot.contains(p) { c } else { '-' };
+        write!(
+            f,
+            "{:x}-{:x} {}{}{}{}",
+            self.start,
+            self.end,
+            bit(Prot::READ, 'r'),
+            bit(Prot::WRITE, 'w'),
+            bit(Prot::EXEC, 'x'),
+            if self.shared { 's' } else { 'p' }
+        )
+    }
+}
+
+/// Round `x` up to a page boundary; `None` on overflow.
+pub(crate) fn page_align_up(x: u64) -> Option<u64> {
+    x.checked_add(PAGE_SIZE - 1).map(|v| v & !(PAGE_SIZE - 1))
+}
+
+/// Whether `x` is page-aligned.
+pub(crate) fn is_page_aligned(x: u64) -> bool {
+    x & (PAGE_SIZE - 1) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_implies_read_on_x86() {
+        assert!(Prot::WRITE.allows(Access::Read));
+        assert!(Prot::EXEC.allows(Access::Read));
+        assert!(!Prot::NONE.allows(Access::Read));
+        assert!(!Prot::READ.allows(Access::Write));
+        assert!(!Prot::READ.allows(Access::Exec));
+    }
+
+    #[test]
+    fn advice_round_trips() {
+        for raw in 0..64 {
+            if let Some(a) = Advice::from_raw(raw) {
+                assert_eq!(a.as_raw(), raw);
+            }
+        }
+        assert_eq!(
+            Advice::from_raw(libc::MADV_DONTNEED),
+            Some(Advice::DontNeed)
+        );
+        assert_eq!(Advice::from_raw(1000), None);
+    }
+
+    #[test]
+    fn mapping_line_looks_like_proc_maps() {
+        let m = MappingInfo {
+            start: 0x1000,
+            end: 0x3000,
+            prot: Prot::READ | Prot::WRITE,
+            shared: false,
+        };
+        assert_eq!(m.to_string(), "1000-3000 rw-p");
+    }
+
+    #[test]
+    fn align() {
+        assert_eq!(page_align_up(1), Some(4096));
+        assert_eq!(page_align_up(4096), Some(4096));
+        assert_eq!(page_align_up(u64::MAX), None);
+        assert!(is_page_aligned(8192));
+        assert!(!is_page_aligned(8193));
+    }
+}

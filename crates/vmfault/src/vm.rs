@@ -1,0 +1,346 @@
+//! [`Vm`]: one machine. Owns physical memory, the vCPU slots, the RCU and
+//! the statistics; address spaces are created from it. Many `Vm`s can live
+//! in one process: there are no globals.
+
+#![deny(unsafe_code)]
+
+use std::cell::Cell;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use crate::aspace::AddressSpace;
+use crate::config::VmConfig;
+use crate::error::{Error, Result};
+use crate::phys::{Kind, PhysMem};
+use crate::stats::{Counter, CounterSet, CpuCounters, CpuStats, Stats};
+use crate::sync::cpu::{Attachment, Claim, CpuSet};
+use crate::sync::rcu::{Rcu, RcuReadGuard, RcuReader};
+use crate::types::PAGE_SIZE;
+
+/// The shared part of a vCPU slot.
+#[derive(Debug)]
+pub(crate) struct PerCpu {
+    /// `[o]` event counters, written by the slot's owner only.
+    pub(crate) counters: CounterSet,
+}
+
+/// The owner-only part of a vCPU slot.
+#[derive(Debug)]
+pub(crate) struct PerCpuOwned {
+    /// `[o]` this slot's RCU reader.
+    pub(crate) rcu: RcuReader,
+    /// `[o]` next object serial number handed out by this vCPU.
+    next_object: Cell<u64>,
+}
+
+/// Everything a `Vm` owns, shared by its handles, spaces and objects.
+#[derive(Debug)]
+pub(crate) struct Machine {
+    /// `[I]` the configuration it was built with.
+    pub(crate) config: VmConfig,
+    /// Physical memory (fields carry their own tags).
+    pub(crate) phys: PhysMem,
+    /// `[I]` the RCU; reader `i` belongs to vCPU slot `i`.
+    pub(crate) rcu: Rcu,
+    /// The vCPU slots.
+    pub(crate) cpus: CpuSet<PerCpu, PerCpuOwned>,
+}
+
+impl std::fmt::Debug for CpuSet<PerCpu, PerCpuOwned> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CpuSet")
+            .field("cpus", &self.cpus())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The vCPU context of one operation: which slot the calling thread holds,
+/// and that slot's per-CPU data. Passed by reference through every layer.
+pub(crate) struct Ctx<'a> {
+    /// The machine.
+    pub(crate) m: &'a Machine,
+    /// The claimed slot's shared part.
+    pub(crate) cpu: &'a PerCpu,
+    /// The claimed slot's owner-only part.
+    pub(crate) own: &'a PerCpuOwned,
+    /// The slot index.
+    pub(crate) index: usize,
+}
+
+impl Ctx<'_> {
+    /// Count one event on this vCPU.
+    #[inline]
+    pub(crate) fn count(&self, c: Counter) {
+        self.cpu.counters.inc(c);
+    }
+
+    /// Count `n` events on this vCPU.
+    #[inline]
+    pub(crate) fn count_n(&self, c: Counter, n: u64) {
+        self.cpu.counters.add(c, n);
+    }
+
+    /// Enter an RCU read-side section as this vCPU.
+    #[inline]
+    pub(crate) fn rcu_read(&self) -> RcuReadGuard<'_> {
+        self.m.rcu.read_lock(&self.own.rcu)
+    }
+
+    /// A new object id, unique in this `Vm`, without a shared counter:
+    /// the slot index in the top bits, a per-slot serial below.
+    pub(crate) fn new_object_id(&self) -> u64 {
+        let n = self.own.next_object.get();
+        self.own.next_object.set(n + 1);
+        ((self.index as u64 + 1) << 48) | n
+    }
+}
+
+/// A virtual machine: physical memory, vCPUs and address spaces.
+///
+/// `Vm` is a cheap handle (`Clone + Send + Sync`); all clones are the same machine.
+///
+/// ```
+/// use vmfault::{Vm, VmConfig, Prot, MapFlags};
+/// let vm = Vm::new(VmConfig { phys_bytes: 16 << 20, cpus: 2, ..VmConfig::default() })?;
+/// let _cpu = vm.attach()?; // this thread is now vCPU 0
+/// let space = vm.new_space()?;
+/// let a = space.mmap(0, 8192, Prot::READ | Prot::WRITE, MapFlags::PRIVATE | MapFlags::ANONYMOUS)?;
+/// space.write(a + 4090, b"spans two pages")?;
+/// assert_eq!(vm.stats().zero_fill, 2);
+/// # Ok::<(), vmfault::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct Vm {
+    pub(crate) m: Arc<Machine>,
+}
+
+/// A thread's attachment to a vCPU slot of a [`Vm`]; detaches when dropped.
+///
+/// Not `Send`: the slot belongs to the thread that attached.
+#[derive(Debug)]
+#[must_use = "the thread detaches when the guard is dropped"]
+pub struct CpuGuard {
+    vm: Vm,
+    attachment: Option<Attachment>,
+    _not_send: PhantomData<*const ()>,
+}
+
+impl std::fmt::Debug for Attachment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Attachment(cpu {})", self.index())
+    }
+}
+
+impl Vm {
+    /// Build a machine: map the frame arena, set up the vCPU slots.
+    pub fn new(config: VmConfig) -> Result<Vm> {
+        config.validate()?;
+        let frames = (config.phys_bytes / PAGE_SIZE) as u32;
+        let phys = PhysMem::new(frames, config.prefault)?;
+        let (rcu, readers) = Rcu::new(config.cpus + 1);
+        let mut readers = readers.into_iter();
+        let cpus = CpuSet::new(config.cpus, |_| {
+            let reader = readers.next().expect("one reader per slot");
+            (
+                PerCpu {
+                    counters: CounterSet::new(),
+                },
+                PerCpuOwned {
+                    rcu: reader,
+                    next_object: Cell::new(1),
+                },
+            )
+        });
+        Ok(Vm {
+            m: Arc::new(Machine {
+                config,
+                phys,
+                rcu,
+                cpus,
+            }),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &VmConfig {
+        &self.m.config
+    }
+
+    /// Bind the calling thread to a free vCPU slot until the guard drops.
+    ///
+    /// Errors: [`Error::NoCpu`] when every slot is taken,
+    /// [`Error::AlreadyAttached`] when this thread already holds one.
+    pub fn attach(&self) -> Result<CpuGuard> {
+        match self.m.cpus.attach() {
+            Ok(a) => Ok(CpuGuard {
+                vm: self.clone(),
+                attachment: Some(a),
+                _not_send: PhantomData,
+            }),
+            Err(Some(cpu)) => Err(Error::AlreadyAttached { cpu }),
+            Err(None) => Err(Error::NoCpu {
+                cpus: self.m.config.cpus,
+            }),
+        }
+    }
+
+    /// The vCPU slot the calling thread is attached to, if any.
+    pub fn current_cpu(&self) -> Option<usize> {
+        self.m.cpus.attached_slot()
+    }
+
+    /// A new, empty address space.
+    pub fn new_space(&self) -> Result<AddressSpace> {
+        AddressSpace::new(self.clone())
+    }
+
+    /// Claim the calling thread's vCPU (or the shared slot) for one operation.
+    pub(crate) fn claim(&self) -> Claim<'_, PerCpu, PerCpuOwned> {
+        self.m.cpus.claim()
+    }
+
+    /// Statistics: gauges now, counters summed over all vCPU slots.
+    pub fn stats(&self) -> Stats {
+        let phys = &self.m.phys;
+        let mut s = Stats {
+            total_pages: phys.total_frames(),
+            free_pages: phys.free_frames(),
+            global_lock_acquisitions: phys.lock_acquisitions(),
+            cpus_attached: (0..self.m.cpus.cpus())
+                .filter(|&i| self.m.cpus.is_attached(i))
+                .count() as u64,
+            ..Stats::default()
+        };
+        for i in 0..phys.total_frames() as u32 {
+            match phys.page(crate::phys::Pfn(i)).kind() {
+                Kind::Table => s.page_table_pages += 1,
+                Kind::Index => s.index_pages += 1,
+                Kind::Data => s.data_pages += 1,
+                _ => {}
+            }
+        }
+        for cpu in self.m.cpus.shared_parts() {
+            s.add_counters(&cpu.counters);
+        }
+        s
+    }
+
+    /// Per-vCPU counters: one entry per slot, the shared slot last.
+    pub fn cpu_stats(&self) -> Vec<CpuStats> {
+        self.m
+            .cpus
+            .shared_parts()
+            .enumerate()
+            .map(|(cpu, p)| CpuStats {
+                cpu,
+                attached: cpu < self.m.cpus.cpus() && self.m.cpus.is_attached(cpu),
+                counters: CpuCounters::from_set(&p.counters),
+            })
+            .collect()
+    }
+
+    /// Run `f` with this thread's vCPU context for one operation.
+    pub(crate) fn with_ctx<R>(&self, f: impl FnOnce(&Ctx<'_>) -> R) -> R {
+        let mut claim = self.claim();
+        let index = claim.index();
+        let (cpu, own) = claim.parts();
+        let ctx = Ctx {
+            m: &self.m,
+            cpu,
+            own: &*own,
+            index,
+        };
+        f(&ctx)
+    }
+
+    /// Whether two handles are the same machine.
+    pub fn same_vm(&self, other: &Vm) -> bool {
+        Arc::ptr_eq(&self.m, &other.m)
+    }
+}
+
+impl CpuGuard {
+    /// The vCPU slot index this thread holds.
+    pub fn cpu(&self) -> usize {
+        self.attachment.as_ref().map_or(usize::MAX, |a| a.index())
+    }
+
+    /// The machine.
+    pub fn vm(&self) -> &Vm {
+        &self.vm
+    }
+}
+
+impl Drop for CpuGuard {
+    fn drop(&mut self) {
+        if let Some(a) = self.attachment.take() {
+            self.vm.m.cpus.detach(a);
+        }
+    }
+}
+
+#[allow(dead_code)]
+fn _assert_traits() {
+    fn send_sync<T: Send + Sync + Clone>() {}
+    send_sync::<Vm>();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn small() -> Vm {
+        Vm::new(VmConfig {
+            phys_bytes: 1 << 20,
+            cpus: 2,
+            prefault: false,
+            ..VmConfig::default()
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn attach_detach_and_errors() {
+        let vm = small();
+        assert_eq!(vm.current_cpu(), None);
+        let g = vm.attach().unwrap();
+        assert_eq!(vm.current_cpu(), Some(g.cpu()));
+        assert_eq!(
+            vm.attach().unwrap_err(),
+            Error::AlreadyAttached { cpu: g.cpu() }
+        );
+        let vm2 = vm.clone();
+        let t = std::thread::spawn(move || {
+            let _g = vm2.attach().unwrap();
+            let vm3 = vm2.clone();
+            std::thread::spawn(move || vm3.attach().unwrap_err())
+                .join()
+                .unwrap()
+        });
+        assert_eq!(t.join().unwrap(), Error::NoCpu { cpus: 2 });
+        assert_eq!(vm.stats().cpus_attached, 1);
+        drop(g);
+        assert_eq!(vm.current_cpu(), None);
+        assert_eq!(vm.stats().cpus_attached, 0);
+    }
+
+    #[test]
+    fn stats_start_clean() {
+        let vm = small();
+        let s = vm.stats();
+        assert_eq!(s.total_pages, 256);
+        assert_eq!(s.free_pages, 255);
+        assert_eq!(s.faults, 0);
+        assert_eq!(vm.cpu_stats().len(), 3);
+    }
+
+    #[test]
+    fn bad_config_is_an_error() {
+        let e = Vm::new(VmConfig {
+            cpus: 0,
+            ..VmConfig::default()
+        })
+        .unwrap_err();
+        assert_eq!(e.errno(), libc::EINVAL);
+    }
+}
