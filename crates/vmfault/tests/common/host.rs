@@ -1,0 +1,529 @@
+//! Running an operation sequence on the host kernel.
+//!
+//! A forked child sets up the same guarded window with real system calls
+//! and runs the sequence. Loads and stores are first tried in a forked
+//! grandchild (a copy of the child) whose SIGSEGV handler records `si_addr`
+//! and `si_code` and exits; the child then repeats the part that succeeded,
+//! so that its own memory (and its anon_vmas) evolve exactly as a program's
+//! would. Results travel back through a shared anonymous mapping; the child
+//! allocates nothing and prints nothing (another thread of the test process
+//! may have held a lock at fork time).
+
+use std::ptr;
+use std::sync::atomic::{AtomicUsize, Ordering, compiler_fence};
+use std::time::{Duration, Instant};
+
+use super::ops::*;
+
+pub const MAX_OPS: usize = 400;
+/// Longest load or store an op may do (the probe's buffer).
+pub const CHUNK: usize = 32 * 4096;
+const DATA_BYTES: usize = MAX_OPS * CHUNK;
+const MAX_MAPS: usize = MAX_OPS * 48;
+const SCRATCH: usize = 1 << 20;
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct RawResult {
+    kind: u32,
+    errno: i32,
+    off: u64,
+    segv_off: i64,
+    segv_code: i64,
+    data_at: u64,
+    data_len: u64,
+    maps_at: u64,
+    maps_len: u64,
+}
+
+const K_OK: u32 = 0;
+const K_ADDR: u32 = 1;
+const K_ELSEWHERE: u32 = 2;
+const K_ERR: u32 = 3;
+const K_DATA: u32 = 4;
+const K_SEGV: u32 = 5;
+
+#[repr(C)]
+struct Probe {
+    done: u64,
+    faulted: u64,
+    addr: u64,
+    code: i64,
+    buf: [u8; CHUNK],
+}
+
+#[repr(C)]
+struct Shared {
+    base: u64,
+    ops_done: u64,
+    status: u64,
+    data_used: u64,
+    maps_used: u64,
+    probe: Probe,
+    results: [RawResult; MAX_OPS],
+    data: [u8; DATA_BYTES],
+    maps: [[u64; 3]; MAX_MAPS],
+    scratch: [u8; SCRATCH],
+}
+
+/// The probe area of the grandchild, for its signal handler.
+static PROBE: AtomicUsize = AtomicUsize::new(0);
+
+extern "C" fn on_fault(_sig: libc::c_int, info: *mut libc::siginfo_t, _uctx: *mut libc::c_void) {
+    // SAFETY: set before any access that can fault; the kernel passes a valid siginfo.
+    unsafe {
+        let p = PROBE.load(Ordering::Relaxed) as *mut Probe;
+        ptr::write_volatile(&mut (*p).faulted, 1);
+        ptr::write_volatile(&mut (*p).addr, (*info).si_addr() as u64);
+        ptr::write_volatile(&mut (*p).code, i64::from((*info).si_code));
+        libc::_exit(0);
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Read,
+    Write,
+    TouchRead,
+    TouchWrite,
+}
+
+fn errno() -> i32 {
+    // SAFETY: reading the thread's errno.
+    unsafe { *libc::__errno_location() }
+}
+
+/// Try an access in a grandchild; returns (bytes done, Some((addr, code)) on SIGSEGV).
+unsafe fn probe(
+    sh: *mut Shared,
+    kind: Kind,
+    addr: u64,
+    len: usize,
+    pat: *const u8,
+) -> (usize, Option<(u64, i64)>) {
+    unsafe {
+        let pr = &raw mut (*sh).probe;
+        ptr::write_volatile(&raw mut (*pr).done, 0);
+        ptr::write_volatile(&raw mut (*pr).faulted, 0);
+        let pid = libc::fork();
+        if pid == 0 {
+            PROBE.store(pr as usize, Ordering::SeqCst);
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_fault as *const () as usize;
+            sa.sa_flags = libc::SA_SIGINFO;
+            libc::sigaction(libc::SIGSEGV, &sa, ptr::null_mut());
+            libc::sigaction(libc::SIGBUS, &sa, ptr::null_mut());
+            let mut done = 0usize;
+            while done < len {
+                let a = addr + done as u64;
+                let n = (4096 - (a % 4096) as usize).min(len - done);
+                match kind {
+                    Kind::Read => {
+                        let _ = ptr::read_volatile(a as *const u8);
+                        compiler_fence(Ordering::SeqCst);
+                        ptr::copy_nonoverlapping(
+                            a as *const u8,
+                            (&raw mut (*pr).buf).cast::<u8>().add(done),
+                            n,
+                        );
+                    }
+                    Kind::Write => {
+                        ptr::write_volatile(a as *mut u8, *pat.add(done));
+                        compiler_fence(Ordering::SeqCst);
+                        ptr::copy_nonoverlapping(pat.add(done), a as *mut u8, n);
+                    }
+                    Kind::TouchRead => {
+                        let _ = ptr::read_volatile(a as *const u8);
+                    }
+                    Kind::TouchWrite => {
+                        let v = ptr::read_volatile(a as *const u8);
+                        ptr::write_volatile(a as *mut u8, v);
+                    }
+                }
+                compiler_fence(Ordering::SeqCst);
+                done += n;
+                ptr::write_volatile(&raw mut (*pr).done, done as u64);
+            }
+            libc::_exit(0);
+        }
+        let mut st = 0;
+        libc::waitpid(pid, &mut st, 0);
+        let done = ptr::read_volatile(&raw const (*pr).done) as usize;
+        if ptr::read_volatile(&raw const (*pr).faulted) == 1 {
+            (
+                done,
+                Some((
+                    ptr::read_volatile(&raw const (*pr).addr),
+                    ptr::read_volatile(&raw const (*pr).code),
+                )),
+            )
+        } else {
+            (done, None)
+        }
+    }
+}
+
+fn res(kind: u32) -> RawResult {
+    RawResult {
+        kind,
+        errno: 0,
+        off: 0,
+        segv_off: 0,
+        segv_code: 0,
+        data_at: 0,
+        data_len: 0,
+        maps_at: 0,
+        maps_len: 0,
+    }
+}
+
+fn unit(r: libc::c_int) -> RawResult {
+    if r == 0 {
+        res(K_OK)
+    } else {
+        RawResult {
+            errno: errno(),
+            ..res(K_ERR)
+        }
+    }
+}
+
+unsafe fn push_data(sh: *mut Shared, src: *const u8, n: usize) -> (u64, u64) {
+    unsafe {
+        let at = (*sh).data_used as usize;
+        let n = n.min(DATA_BYTES - at);
+        ptr::copy_nonoverlapping(src, (&raw mut (*sh).data).cast::<u8>().add(at), n);
+        (*sh).data_used += n as u64;
+        (at as u64, n as u64)
+    }
+}
+
+unsafe fn exec(sh: *mut Shared, base: u64, op: &TOp) -> RawResult {
+    unsafe {
+        match *op {
+            TOp::Mmap {
+                place,
+                off,
+                len,
+                prot,
+                flags,
+            } => {
+                let (addr, flags) = match place {
+                    Place::Fixed => (base + off, flags | libc::MAP_FIXED as u32),
+                    Place::NoReplace => (base + off, flags | libc::MAP_FIXED_NOREPLACE as u32),
+                    Place::HintShared => (base + off, flags),
+                    Place::AnywhereShared => (0, flags),
+                };
+                let p = libc::mmap(
+                    addr as *mut libc::c_void,
+                    len as usize,
+                    prot as i32,
+                    flags as i32,
+                    -1,
+                    0,
+                );
+                if p == libc::MAP_FAILED {
+                    RawResult {
+                        errno: errno(),
+                        ..res(K_ERR)
+                    }
+                } else if p as u64 == base + off && place != Place::AnywhereShared {
+                    RawResult { off, ..res(K_ADDR) }
+                } else {
+                    libc::munmap(p, len as usize);
+                    res(K_ELSEWHERE)
+                }
+            }
+            TOp::Munmap { off, len } => unit(libc::munmap(
+                (base + off) as *mut libc::c_void,
+                len as usize,
+            )),
+            TOp::Mprotect { off, len, prot } => unit(libc::mprotect(
+                (base + off) as *mut libc::c_void,
+                len as usize,
+                prot as i32,
+            )),
+            TOp::Madvise { off, len, advice } => unit(libc::madvise(
+                (base + off) as *mut libc::c_void,
+                len as usize,
+                advice,
+            )),
+            TOp::Read { off, len } => {
+                let (done, fault) = probe(sh, Kind::Read, base + off, len as usize, ptr::null());
+                let (at, n) = push_data(sh, (&raw const (*sh).probe.buf).cast::<u8>(), done);
+                match fault {
+                    None => RawResult {
+                        data_at: at,
+                        data_len: n,
+                        ..res(K_DATA)
+                    },
+                    Some((a, code)) => RawResult {
+                        segv_off: a as i64 - base as i64,
+                        segv_code: code,
+                        data_at: at,
+                        data_len: n,
+                        ..res(K_SEGV)
+                    },
+                }
+            }
+            TOp::Write { off, len, seed } => {
+                let mut pat = [0u8; CHUNK];
+                for (i, b) in pat.iter_mut().enumerate().take(len as usize) {
+                    *b = seed.wrapping_add((i as u8).wrapping_mul(31)) | 1;
+                }
+                let (done, fault) = probe(sh, Kind::Write, base + off, len as usize, pat.as_ptr());
+                // The grandchild proved these bytes writable: store them here too.
+                ptr::copy_nonoverlapping(pat.as_ptr(), (base + off) as *mut u8, done);
+                match fault {
+                    None => res(K_OK),
+                    Some((a, code)) => RawResult {
+                        segv_off: a as i64 - base as i64,
+                        segv_code: code,
+                        ..res(K_SEGV)
+                    },
+                }
+            }
+            TOp::Touch { off, write } => {
+                let kind = if write {
+                    Kind::TouchWrite
+                } else {
+                    Kind::TouchRead
+                };
+                let a = base + off;
+                match probe(sh, kind, a, 1, ptr::null()) {
+                    (_, None) => {
+                        if write {
+                            let v = ptr::read_volatile(a as *const u8);
+                            ptr::write_volatile(a as *mut u8, v);
+                        }
+                        res(K_OK)
+                    }
+                    (_, Some((fa, code))) => RawResult {
+                        segv_off: fa as i64 - base as i64,
+                        segv_code: code,
+                        ..res(K_SEGV)
+                    },
+                }
+            }
+            TOp::Abs(a) => {
+                let (call, addr, len, prot, flags) = a.args(base);
+                let p = addr as *mut libc::c_void;
+                match call {
+                    "munmap" => unit(libc::munmap(p, len as usize)),
+                    "mprotect" => unit(libc::mprotect(p, len as usize, prot as i32)),
+                    "madvise" => unit(libc::madvise(p, len as usize, prot as i32)),
+                    _ => {
+                        let m = libc::mmap(p, len as usize, prot as i32, flags as i32, -1, 0);
+                        if m == libc::MAP_FAILED {
+                            RawResult {
+                                errno: errno(),
+                                ..res(K_ERR)
+                            }
+                        } else {
+                            libc::munmap(m, len as usize);
+                            res(K_ELSEWHERE)
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn hex(s: &[u8]) -> (u64, usize) {
+    let mut v = 0u64;
+    let mut i = 0;
+    while i < s.len() {
+        let d = match s[i] {
+            c @ b'0'..=b'9' => c - b'0',
+            c @ b'a'..=b'f' => c - b'a' + 10,
+            _ => break,
+        };
+        v = v * 16 + u64::from(d);
+        i += 1;
+    }
+    (v, i)
+}
+
+/// Record the window's part of /proc/self/maps; returns (at, count).
+unsafe fn record_maps(sh: *mut Shared, base: u64) -> (u64, u64) {
+    unsafe {
+        let fd = libc::open(c"/proc/self/maps".as_ptr(), libc::O_RDONLY);
+        let buf = (&raw mut (*sh).scratch).cast::<u8>();
+        let mut len = 0usize;
+        loop {
+            let n = libc::read(fd, buf.add(len).cast(), SCRATCH - len);
+            if n <= 0 {
+                break;
+            }
+            len += n as usize;
+        }
+        libc::close(fd);
+        let text = std::slice::from_raw_parts(buf, len);
+        let at = (*sh).maps_used;
+        for line in text.split(|&c| c == b'\n') {
+            let (s, i) = hex(line);
+            if i == 0 || line.get(i) != Some(&b'-') {
+                continue;
+            }
+            let (e, j) = hex(&line[i + 1..]);
+            let perm = &line[i + 1 + j + 1..];
+            if e <= base || s >= base + W || perm.len() < 4 {
+                continue;
+            }
+            let bits = perm_bits(
+                perm[0] == b'r',
+                perm[1] == b'w',
+                perm[2] == b'x',
+                perm[3] == b's',
+            );
+            let k = (*sh).maps_used as usize;
+            if k < MAX_MAPS {
+                (*sh).maps[k] = [s.max(base) - base, e.min(base + W) - base, u64::from(bits)];
+                (*sh).maps_used += 1;
+            }
+        }
+        (at, (*sh).maps_used - at)
+    }
+}
+
+unsafe fn child(sh: *mut Shared, ops: &[TOp]) -> ! {
+    unsafe {
+        libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
+        let total = (W + 2 * GUARD) as usize;
+        let r = libc::mmap(
+            ptr::null_mut(),
+            total,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        );
+        if r == libc::MAP_FAILED {
+            libc::_exit(3);
+        }
+        libc::munmap(r, total);
+        let g0 = r as u64;
+        let gfl = libc::MAP_SHARED | libc::MAP_ANONYMOUS | libc::MAP_FIXED;
+        libc::mmap(
+            g0 as *mut libc::c_void,
+            GUARD as usize,
+            libc::PROT_NONE,
+            gfl,
+            -1,
+            0,
+        );
+        libc::mmap(
+            (g0 + GUARD + W) as *mut libc::c_void,
+            GUARD as usize,
+            libc::PROT_NONE,
+            gfl,
+            -1,
+            0,
+        );
+        let base = g0 + GUARD;
+        (*sh).base = base;
+        for (i, op) in ops.iter().enumerate() {
+            let mut r = exec(sh, base, op);
+            let (at, n) = record_maps(sh, base);
+            r.maps_at = at;
+            r.maps_len = n;
+            (*sh).results[i] = r;
+            ptr::write_volatile(&raw mut (*sh).ops_done, i as u64 + 1);
+        }
+        ptr::write_volatile(&raw mut (*sh).status, 1);
+        libc::_exit(0);
+    }
+}
+
+/// Run `ops` on the host kernel: each outcome, and the window's mappings after each op.
+pub fn run_host(ops: &[TOp]) -> Result<(Vec<Outcome>, Vec<Vec<MapEntry>>), String> {
+    assert!(ops.len() <= MAX_OPS, "at most {MAX_OPS} ops per sequence");
+    for op in ops {
+        if let TOp::Read { len, .. } | TOp::Write { len, .. } = op {
+            assert!(
+                *len as usize <= CHUNK,
+                "loads and stores are limited to {CHUNK} bytes: {op:?}"
+            );
+        }
+    }
+    let size = std::mem::size_of::<Shared>();
+    // SAFETY: a fresh shared anonymous mapping, zero-filled, big enough for `Shared`.
+    let sh = unsafe {
+        let p = libc::mmap(
+            ptr::null_mut(),
+            size,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED);
+        p as *mut Shared
+    };
+    // SAFETY: fork; the child only runs `child`, which never returns.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: `sh` is the shared mapping; `ops` was copied into the child by fork.
+        unsafe { child(sh, ops) }
+    }
+    assert!(pid > 0, "fork failed");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut st = 0;
+    loop {
+        // SAFETY: waiting for our own child.
+        let r = unsafe { libc::waitpid(pid, &mut st, libc::WNOHANG) };
+        if r == pid {
+            break;
+        }
+        if Instant::now() > deadline {
+            // SAFETY: our own child.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut st, 0);
+            }
+            return Err("host child timed out".into());
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // SAFETY: the child has exited; the mapping is ours to read, then unmap.
+    unsafe {
+        let shr: &Shared = &*sh;
+        let done = shr.ops_done as usize;
+        if shr.status != 1 || !libc::WIFEXITED(st) || libc::WEXITSTATUS(st) != 0 {
+            libc::munmap(sh.cast(), size);
+            return Err(format!(
+                "host child failed after {done} of {} ops (status {st:#x})",
+                ops.len()
+            ));
+        }
+        let mut outcomes = Vec::with_capacity(done);
+        let mut maps = Vec::with_capacity(done);
+        for r in &shr.results[..done] {
+            let data = || shr.data[r.data_at as usize..(r.data_at + r.data_len) as usize].to_vec();
+            outcomes.push(match r.kind {
+                K_OK => Outcome::Ok,
+                K_ADDR => Outcome::Addr(r.off),
+                K_ELSEWHERE => Outcome::Elsewhere,
+                K_ERR => Outcome::Err(r.errno),
+                K_DATA => Outcome::Data(data()),
+                _ => {
+                    debug_assert_eq!(r.kind, K_SEGV);
+                    Outcome::Segv {
+                        off: r.segv_off,
+                        code: r.segv_code as i32,
+                        data: data(),
+                    }
+                }
+            });
+            maps.push(
+                shr.maps[r.maps_at as usize..(r.maps_at + r.maps_len) as usize]
+                    .iter()
+                    .map(|m| (m[0], m[1], m[2] as u8))
+                    .collect(),
+            );
+        }
+        libc::munmap(sh.cast(), size);
+        Ok((outcomes, maps))
+    }
+}

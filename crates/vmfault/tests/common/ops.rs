@@ -1,0 +1,500 @@
+//! The operations that the differential and model tests generate, and how
+//! vmfault runs them. Addresses are offsets into a window of
+//! `WINDOW_PAGES` pages, fenced on both sides by shared `PROT_NONE`
+//! guards (they never merge with anything), so that the same sequence can
+//! run at different absolute addresses here and in the host kernel.
+
+use proptest::prelude::*;
+use vmfault::{Access, AddressSpace, Advice, Error, MapFlags, Prot};
+
+pub const P: u64 = 4096;
+pub const WINDOW_PAGES: u64 = 48;
+pub const W: u64 = WINDOW_PAGES * P;
+pub const GUARD: u64 = 16 * P;
+/// Where the window starts in vmfault (any free, aligned range will do).
+pub const VM_BASE: u64 = 0x5000_0000_0000;
+/// The top of the user address space (x86-64, 4-level paging).
+pub const TASK_SIZE: u64 = (1 << 47) - P;
+
+/// How an mmap chooses its address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Place {
+    /// `MAP_FIXED` at the offset.
+    Fixed,
+    /// `MAP_FIXED_NOREPLACE` at the offset.
+    NoReplace,
+    /// A hint at the offset (shared mappings only: when the kernel puts it
+    /// elsewhere it is unmapped at once, and shared mappings never merge,
+    /// so where "elsewhere" was leaves no trace).
+    HintShared,
+    /// Address 0, shared; unmapped at once.
+    AnywhereShared,
+}
+
+/// Operations with absolute arguments that fail before changing anything,
+/// in the host as in vmfault (overflows, ranges beyond `TASK_SIZE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AbsOp {
+    MunmapHugeLen,
+    MunmapAboveTask,
+    MprotectAlignOverflow,
+    MprotectWrapEnd,
+    MadviseHugeLen,
+    MadviseWrapEnd,
+    MadviseAboveTask,
+    MmapHugeLen,
+    MmapAlignOverflow,
+    MmapFixedTop,
+    MmapNoType,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TOp {
+    Mmap {
+        place: Place,
+        off: u64,
+        len: u64,
+        prot: u32,
+        flags: u32,
+    },
+    Munmap {
+        off: u64,
+        len: u64,
+    },
+    Mprotect {
+        off: u64,
+        len: u64,
+        prot: u32,
+    },
+    Madvise {
+        off: u64,
+        len: u64,
+        advice: i32,
+    },
+    Read {
+        off: u64,
+        len: u64,
+    },
+    Write {
+        off: u64,
+        len: u64,
+        seed: u8,
+    },
+    Touch {
+        off: u64,
+        write: bool,
+    },
+    Abs(AbsOp),
+}
+
+/// What an operation produced, relative to the window.
+#[derive(Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Ok,
+    /// mmap placed the mapping at this window offset.
+    Addr(u64),
+    /// mmap placed it somewhere else (then it was unmapped).
+    Elsewhere,
+    Err(i32),
+    Data(Vec<u8>),
+    /// SIGSEGV at a window offset, with the bytes read before it.
+    Segv {
+        off: i64,
+        code: i32,
+        data: Vec<u8>,
+    },
+}
+
+/// Bytes shown as length, a checksum and the non-zero runs, not in full.
+struct Bytes<'a>(&'a [u8]);
+
+impl std::fmt::Debug for Bytes<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let sum = self
+            .0
+            .iter()
+            .fold(0u64, |h, &b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
+        let nonzero = self.0.iter().filter(|&&b| b != 0).count();
+        let first = self.0.iter().position(|&b| b != 0);
+        write!(
+            f,
+            "[{} bytes, {} non-zero, first non-zero at {:?}, hash {:#x}]",
+            self.0.len(),
+            nonzero,
+            first,
+            sum
+        )
+    }
+}
+
+impl std::fmt::Debug for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Outcome::Ok => write!(f, "Ok"),
+            Outcome::Addr(a) => write!(f, "Addr({a:#x})"),
+            Outcome::Elsewhere => write!(f, "Elsewhere"),
+            Outcome::Err(e) => write!(f, "Err({e})"),
+            Outcome::Data(d) => write!(f, "Data({:?})", Bytes(d)),
+            Outcome::Segv { off, code, data } => write!(
+                f,
+                "Segv {{ off: {off:#x}, code: {code}, data: {:?} }}",
+                Bytes(data)
+            ),
+        }
+    }
+}
+
+/// One mapping clipped to the window: offsets and `rwxs` bits.
+pub type MapEntry = (u64, u64, u8);
+
+pub fn perm_bits(r: bool, w: bool, x: bool, s: bool) -> u8 {
+    u8::from(r) | u8::from(w) << 1 | u8::from(x) << 2 | u8::from(s) << 3
+}
+
+/// The bytes a `Write` op stores.
+pub fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| seed.wrapping_add((i as u8).wrapping_mul(31)) | 1)
+        .collect()
+}
+
+impl AbsOp {
+    /// `(call, addr, len, prot, flags)` for the host and vmfault alike.
+    pub fn args(self, base: u64) -> (&'static str, u64, u64, u32, u32) {
+        let rw = (libc::PROT_READ | libc::PROT_WRITE) as u32;
+        let pa = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u32;
+        match self {
+            AbsOp::MunmapHugeLen => ("munmap", base, u64::MAX, 0, 0),
+            AbsOp::MunmapAboveTask => ("munmap", TASK_SIZE + P, P, 0, 0),
+            AbsOp::MprotectAlignOverflow => {
+                ("mprotect", base, u64::MAX - 10, libc::PROT_READ as u32, 0)
+            }
+            AbsOp::MprotectWrapEnd => (
+                "mprotect",
+                u64::MAX - 2 * P + 1,
+                3 * P,
+                libc::PROT_READ as u32,
+                0,
+            ),
+            AbsOp::MadviseHugeLen => ("madvise", base, u64::MAX, libc::MADV_DONTNEED as u32, 0),
+            AbsOp::MadviseWrapEnd => (
+                "madvise",
+                u64::MAX - 2 * P + 1,
+                3 * P,
+                libc::MADV_DONTNEED as u32,
+                0,
+            ),
+            AbsOp::MadviseAboveTask => ("madvise", TASK_SIZE + P, P, libc::MADV_DONTNEED as u32, 0),
+            AbsOp::MmapHugeLen => ("mmap", 0, 1 << 48, rw, pa),
+            AbsOp::MmapAlignOverflow => ("mmap", 0, u64::MAX - 10, rw, pa),
+            AbsOp::MmapFixedTop => (
+                "mmap",
+                TASK_SIZE - P,
+                2 * P,
+                rw,
+                pa | libc::MAP_FIXED as u32,
+            ),
+            AbsOp::MmapNoType => (
+                "mmap",
+                base,
+                P,
+                rw,
+                (libc::MAP_ANONYMOUS | libc::MAP_FIXED) as u32,
+            ),
+        }
+    }
+}
+
+fn errno(e: Error) -> Outcome {
+    Outcome::Err(e.errno())
+}
+
+fn unit(r: Result<(), Error>) -> Outcome {
+    r.map_or_else(errno, |_| Outcome::Ok)
+}
+
+fn segv_or(e: Error, base: u64, data: Vec<u8>) -> Outcome {
+    match e {
+        Error::Segv { addr, code } => Outcome::Segv {
+            off: addr as i64 - base as i64,
+            code: code.si_code(),
+            data,
+        },
+        other => errno(other),
+    }
+}
+
+/// Run `op` on vmfault with the window at `base`.
+pub fn run_vmfault(space: &AddressSpace, base: u64, op: &TOp) -> Outcome {
+    match *op {
+        TOp::Mmap {
+            place,
+            off,
+            len,
+            prot,
+            flags,
+        } => {
+            let prot = Prot::from_bits_retain(prot);
+            let mut fl = MapFlags::from_bits_retain(flags);
+            let addr = match place {
+                Place::Fixed => {
+                    fl |= MapFlags::FIXED;
+                    base + off
+                }
+                Place::NoReplace => {
+                    fl |= MapFlags::FIXED_NOREPLACE;
+                    base + off
+                }
+                Place::HintShared => base + off,
+                Place::AnywhereShared => 0,
+            };
+            match space.mmap(addr, len, prot, fl) {
+                Err(e) => errno(e),
+                Ok(a) if a == base + off && place != Place::AnywhereShared => Outcome::Addr(off),
+                Ok(a) => {
+                    space.munmap(a, len).expect("unmapping a fresh mapping");
+                    Outcome::Elsewhere
+                }
+            }
+        }
+        TOp::Munmap { off, len } => unit(space.munmap(base + off, len)),
+        TOp::Mprotect { off, len, prot } => {
+            unit(space.mprotect(base + off, len, Prot::from_bits_retain(prot)))
+        }
+        TOp::Madvise { off, len, advice } => unit(space.madvise(
+            base + off,
+            len,
+            Advice::from_raw(advice).expect("generated advice is known"),
+        )),
+        TOp::Read { off, len } => {
+            let mut buf = vec![0u8; len as usize];
+            match space.read(base + off, &mut buf) {
+                Ok(()) => Outcome::Data(buf),
+                Err(e) => {
+                    let keep = match e {
+                        Error::Segv { addr, .. } => (addr - (base + off)) as usize,
+                        _ => 0,
+                    };
+                    buf.truncate(keep);
+                    segv_or(e, base, buf)
+                }
+            }
+        }
+        TOp::Write { off, len, seed } => {
+            match space.write(base + off, &pattern(seed, len as usize)) {
+                Ok(()) => Outcome::Ok,
+                Err(e) => segv_or(e, base, Vec::new()),
+            }
+        }
+        TOp::Touch { off, write } => {
+            match space.touch(base + off, if write { Access::Write } else { Access::Read }) {
+                Ok(()) => Outcome::Ok,
+                Err(e) => segv_or(e, base, Vec::new()),
+            }
+        }
+        TOp::Abs(a) => {
+            let (call, addr, len, prot, flags) = a.args(base);
+            match call {
+                "munmap" => unit(space.munmap(addr, len)),
+                "mprotect" => unit(space.mprotect(addr, len, Prot::from_bits_retain(prot))),
+                "madvise" => unit(space.madvise(addr, len, Advice::from_raw(prot as i32).unwrap())),
+                _ => space
+                    .mmap(
+                        addr,
+                        len,
+                        Prot::from_bits_retain(prot),
+                        MapFlags::from_bits_retain(flags),
+                    )
+                    .map_or_else(errno, |a| {
+                        space.munmap(a, len).unwrap();
+                        Outcome::Elsewhere
+                    }),
+            }
+        }
+    }
+}
+
+/// vmfault's mappings clipped to the window at `base`.
+pub fn vmfault_maps(space: &AddressSpace, base: u64) -> Vec<MapEntry> {
+    clip(
+        space.mappings().iter().map(|m| {
+            let (r, w, x) = (
+                m.prot.contains(Prot::READ),
+                m.prot.contains(Prot::WRITE),
+                m.prot.contains(Prot::EXEC),
+            );
+            (m.start, m.end, perm_bits(r, w, x, m.shared))
+        }),
+        base,
+    )
+}
+
+/// Clip absolute mappings to the window and make them relative.
+pub fn clip(maps: impl Iterator<Item = (u64, u64, u8)>, base: u64) -> Vec<MapEntry> {
+    maps.filter(|&(s, e, _)| e > base && s < base + W)
+        .map(|(s, e, p)| (s.max(base) - base, e.min(base + W) - base, p))
+        .collect()
+}
+
+/// Set up the guards around the window in a vmfault space.
+pub fn vmfault_guards(space: &AddressSpace, base: u64) {
+    let fl = MapFlags::SHARED | MapFlags::ANONYMOUS | MapFlags::FIXED;
+    space.mmap(base - GUARD, GUARD, Prot::NONE, fl).unwrap();
+    space.mmap(base + W, GUARD, Prot::NONE, fl).unwrap();
+}
+
+// ---------------------------------------------------------------- generation
+
+fn page_off() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        19 => (0..WINDOW_PAGES).prop_map(|p| p * P),
+        1 => (0..WINDOW_PAGES, 1..P).prop_map(|(p, b)| p * P + b),
+    ]
+}
+
+/// A length that keeps `off + len` inside the window.
+fn len_from(off: u64, max_pages: u64) -> impl Strategy<Value = u64> {
+    let room = W - off;
+    let max = (max_pages * P).min(room);
+    prop_oneof![
+        2 => Just(0u64),
+        30 => (1..=max_pages).prop_map(move |p| (p * P).min(max)),
+        3 => (1..=max.max(1)).prop_map(move |l| l.min(max)),
+    ]
+}
+
+fn prot() -> impl Strategy<Value = u32> {
+    let (r, w, x) = (
+        libc::PROT_READ as u32,
+        libc::PROT_WRITE as u32,
+        libc::PROT_EXEC as u32,
+    );
+    prop_oneof![
+        2 => Just(0),
+        4 => Just(r),
+        12 => Just(r | w),
+        1 => Just(w),
+        1 => Just(r | x),
+        1 => Just(r | w | x),
+    ]
+}
+
+fn map_flags(place: Place) -> impl Strategy<Value = u32> {
+    let (s, p, a) = (
+        libc::MAP_SHARED as u32,
+        libc::MAP_PRIVATE as u32,
+        libc::MAP_ANONYMOUS as u32,
+    );
+    let (nr, pop) = (libc::MAP_NORESERVE as u32, libc::MAP_POPULATE as u32);
+    let ty = match place {
+        Place::HintShared | Place::AnywhereShared => Just(s).boxed(),
+        _ => prop_oneof![24 => Just(p), 8 => Just(s), 1 => Just(0u32), 1 => Just(s | p)].boxed(),
+    };
+    (ty, prop::bool::weighted(0.12), prop::bool::weighted(0.12))
+        .prop_map(move |(t, n, o)| t | a | if n { nr } else { 0 } | if o { pop } else { 0 })
+}
+
+fn advice() -> impl Strategy<Value = i32> {
+    prop_oneof![
+        6 => Just(libc::MADV_DONTNEED),
+        1 => Just(libc::MADV_WILLNEED),
+        2 => Just(libc::MADV_RANDOM),
+        1 => Just(libc::MADV_SEQUENTIAL),
+        2 => Just(libc::MADV_NORMAL),
+    ]
+}
+
+fn abs_op() -> impl Strategy<Value = AbsOp> {
+    use AbsOp::*;
+    prop::sample::select(vec![
+        MunmapHugeLen,
+        MunmapAboveTask,
+        MprotectAlignOverflow,
+        MprotectWrapEnd,
+        MadviseHugeLen,
+        MadviseWrapEnd,
+        MadviseAboveTask,
+        MmapHugeLen,
+        MmapAlignOverflow,
+        MmapFixedTop,
+        MmapNoType,
+    ])
+}
+
+/// One random operation inside the window.
+pub fn op() -> impl Strategy<Value = TOp> {
+    let place = prop_oneof![6 => Just(Place::Fixed), 8 => Just(Place::NoReplace), 2 => Just(Place::HintShared), 1 => Just(Place::AnywhereShared)];
+    let mmap = (place, page_off()).prop_flat_map(|(place, off)| {
+        (
+            Just(place),
+            Just(off),
+            len_from(off, 24),
+            prot(),
+            map_flags(place),
+        )
+            .prop_map(|(place, off, len, prot, flags)| TOp::Mmap {
+                place,
+                off,
+                len,
+                prot,
+                flags,
+            })
+    });
+    let munmap = page_off()
+        .prop_flat_map(|off| len_from(off, 16).prop_map(move |len| TOp::Munmap { off, len }));
+    let mprotect = page_off().prop_flat_map(|off| {
+        (
+            len_from(off, 16),
+            prop_oneof![20 => prot(), 1 => Just(0x100u32)],
+        )
+            .prop_map(move |(len, prot)| TOp::Mprotect { off, len, prot })
+    });
+    let madvise = page_off().prop_flat_map(|off| {
+        (len_from(off, 16), advice()).prop_map(move |(len, advice)| TOp::Madvise {
+            off,
+            len,
+            advice,
+        })
+    });
+    let read = (0..W).prop_flat_map(|off| {
+        (1..=(6 * P).min(W - off)).prop_map(move |len| TOp::Read { off, len })
+    });
+    let write = (0..W).prop_flat_map(|off| {
+        (1..=(6 * P).min(W - off), any::<u8>()).prop_map(move |(len, seed)| TOp::Write {
+            off,
+            len,
+            seed,
+        })
+    });
+    let touch = (0..W, any::<bool>()).prop_map(|(off, write)| TOp::Touch { off, write });
+    prop_oneof![
+        14 => mmap,
+        3 => munmap,
+        7 => mprotect,
+        5 => madvise,
+        8 => read,
+        9 => write,
+        5 => touch,
+        1 => abs_op().prop_map(TOp::Abs),
+    ]
+}
+
+/// A sequence: a mapping over most of the window first (so that loads and
+/// stores find memory), then `n` random operations.
+pub fn sequence(n: std::ops::RangeInclusive<usize>) -> impl Strategy<Value = Vec<TOp>> {
+    let first = (
+        0..4u64,
+        prop_oneof![3 => Just(libc::MAP_PRIVATE as u32), 1 => Just(libc::MAP_SHARED as u32)],
+    )
+        .prop_map(|(o, ty)| TOp::Mmap {
+            place: Place::Fixed,
+            off: o * P,
+            len: W - 8 * P,
+            prot: (libc::PROT_READ | libc::PROT_WRITE) as u32,
+            flags: ty | libc::MAP_ANONYMOUS as u32,
+        });
+    (first, prop::collection::vec(op(), n)).prop_map(|(f, mut rest)| {
+        rest.insert(0, f);
+        rest
+    })
+}

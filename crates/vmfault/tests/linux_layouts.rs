@@ -1,0 +1,380 @@
+//! Deterministic scenarios, each compared with the host kernel like the
+//! differential test: one per splitting, merging, accounting or error rule
+//! that random sequences rarely reach on their own.
+
+mod common;
+
+use common::check_against_host;
+use common::ops::{AbsOp, P, Place, TOp};
+
+const R: u32 = libc::PROT_READ as u32;
+const RW: u32 = (libc::PROT_READ | libc::PROT_WRITE) as u32;
+const RX: u32 = (libc::PROT_READ | libc::PROT_EXEC) as u32;
+const RWX: u32 = RW | libc::PROT_EXEC as u32;
+const NONE: u32 = 0;
+
+fn anon(private: bool) -> u32 {
+    (if private {
+        libc::MAP_PRIVATE
+    } else {
+        libc::MAP_SHARED
+    } | libc::MAP_ANONYMOUS) as u32
+}
+
+fn map(page: u64, pages: u64, prot: u32, private: bool) -> TOp {
+    TOp::Mmap {
+        place: Place::Fixed,
+        off: page * P,
+        len: pages * P,
+        prot,
+        flags: anon(private),
+    }
+}
+
+fn map_flags(page: u64, pages: u64, prot: u32, flags: u32) -> TOp {
+    TOp::Mmap {
+        place: Place::Fixed,
+        off: page * P,
+        len: pages * P,
+        prot,
+        flags,
+    }
+}
+
+fn protect(page: u64, pages: u64, prot: u32) -> TOp {
+    TOp::Mprotect {
+        off: page * P,
+        len: pages * P,
+        prot,
+    }
+}
+
+fn advise(page: u64, pages: u64, advice: i32) -> TOp {
+    TOp::Madvise {
+        off: page * P,
+        len: pages * P,
+        advice,
+    }
+}
+
+fn store(page: u64) -> TOp {
+    TOp::Write {
+        off: page * P + 7,
+        len: 3,
+        seed: page as u8,
+    }
+}
+
+fn load(page: u64, pages: u64) -> TOp {
+    TOp::Read {
+        off: page * P,
+        len: pages * P,
+    }
+}
+
+fn check(ops: &[TOp]) {
+    if let Err(e) = check_against_host(ops) {
+        panic!("{e}");
+    }
+}
+
+#[test]
+fn mprotect_changes_mappings_before_a_hole_then_fails() {
+    check(&[
+        map(0, 4, RW, true),
+        map(6, 4, RW, true),
+        protect(0, 10, R),
+        store(0),
+        load(0, 10),
+    ]);
+}
+
+#[test]
+fn untouched_private_memory_made_read_only_loses_its_charge_and_merges() {
+    check(&[map(0, 4, RW, true), protect(0, 4, R), map(4, 4, R, true)]);
+}
+
+#[test]
+fn touched_private_memory_keeps_its_charge_and_does_not_merge() {
+    check(&[
+        map(0, 4, RW, true),
+        store(0),
+        protect(0, 4, R),
+        map(4, 4, R, true),
+    ]);
+}
+
+#[test]
+fn a_neighbour_without_object_merges_once_compatible() {
+    check(&[
+        map(0, 4, RW, true),
+        map(4, 4, R, true),
+        store(0),
+        protect(4, 4, RW),
+        store(4),
+    ]);
+}
+
+#[test]
+fn first_write_fault_adopts_the_neighbours_object() {
+    check(&[
+        map(0, 4, RW, true),
+        map(4, 4, RX, true),
+        store(0),
+        protect(4, 4, RWX),
+        store(4),
+        protect(4, 4, RW),
+    ]);
+}
+
+#[test]
+fn filling_the_gap_between_two_objects_merges_left_only() {
+    check(&[
+        map(0, 4, RW, true),
+        map(5, 4, RW, true),
+        store(0),
+        store(5),
+        map(4, 1, RW, true),
+    ]);
+}
+
+#[test]
+fn fixed_over_the_middle_of_a_mapping_merges_back() {
+    check(&[
+        map(0, 8, RW, true),
+        store(0),
+        store(3),
+        map(2, 2, RW, true),
+        load(0, 8),
+    ]);
+    check(&[map(0, 8, RW, true), map(2, 2, RW, true)]);
+}
+
+#[test]
+fn zero_lengths_and_overflows() {
+    check(&[
+        TOp::Munmap { off: 0, len: 0 },
+        TOp::Mprotect {
+            off: 0,
+            len: 0,
+            prot: R,
+        },
+        TOp::Madvise {
+            off: 0,
+            len: 0,
+            advice: libc::MADV_DONTNEED,
+        },
+        TOp::Mmap {
+            place: Place::Fixed,
+            off: 0,
+            len: 0,
+            prot: R,
+            flags: anon(true),
+        },
+        TOp::Abs(AbsOp::MmapNoType),
+        TOp::Abs(AbsOp::MmapHugeLen),
+        TOp::Abs(AbsOp::MmapAlignOverflow),
+        TOp::Abs(AbsOp::MmapFixedTop),
+        TOp::Abs(AbsOp::MunmapHugeLen),
+        TOp::Abs(AbsOp::MunmapAboveTask),
+        TOp::Abs(AbsOp::MprotectAlignOverflow),
+        TOp::Abs(AbsOp::MprotectWrapEnd),
+        TOp::Abs(AbsOp::MadviseHugeLen),
+        TOp::Abs(AbsOp::MadviseWrapEnd),
+        TOp::Abs(AbsOp::MadviseAboveTask),
+        TOp::Mprotect {
+            off: 0,
+            len: P,
+            prot: 0x100,
+        },
+        TOp::Mmap {
+            place: Place::Fixed,
+            off: 5,
+            len: P,
+            prot: R,
+            flags: anon(true),
+        },
+        TOp::Munmap { off: 5, len: P },
+    ]);
+}
+
+#[test]
+fn madvise_skips_holes_and_reports_them() {
+    check(&[
+        map(0, 2, RW, true),
+        store(0),
+        map(4, 2, RW, true),
+        store(4),
+        advise(0, 6, libc::MADV_DONTNEED),
+        load(0, 2),
+        load(4, 2),
+        advise(8, 2, libc::MADV_DONTNEED),
+        advise(40, 2, libc::MADV_WILLNEED),
+    ]);
+}
+
+#[test]
+fn madvise_random_and_sequential_split_and_normal_merges() {
+    check(&[
+        map(0, 2, RW, true),
+        map(4, 4, RW, true),
+        advise(0, 2, libc::MADV_RANDOM),
+        advise(4, 1, libc::MADV_RANDOM),
+        advise(6, 1, libc::MADV_SEQUENTIAL),
+        advise(4, 4, libc::MADV_NORMAL),
+    ]);
+}
+
+#[test]
+fn noreserve_does_not_merge_with_reserved() {
+    let nr = libc::MAP_NORESERVE as u32;
+    check(&[
+        map(0, 2, RW, true),
+        map_flags(2, 2, RW, anon(true) | nr),
+        map_flags(4, 2, R, anon(true) | nr),
+    ]);
+}
+
+#[test]
+fn shared_mappings_split_merge_back_and_keep_data() {
+    check(&[
+        map(0, 6, RW, false),
+        store(0),
+        store(3),
+        protect(2, 2, R),
+        protect(2, 2, RW),
+        map(6, 2, RW, false),
+        advise(0, 8, libc::MADV_DONTNEED),
+        load(0, 6),
+        protect(0, 6, NONE),
+        protect(0, 6, RW),
+        load(0, 4),
+    ]);
+}
+
+#[test]
+fn private_data_survives_prot_none_and_dies_with_dontneed() {
+    check(&[
+        map(0, 4, RW, true),
+        store(1),
+        protect(0, 4, NONE),
+        load(1, 1),
+        TOp::Touch {
+            off: P,
+            write: true,
+        },
+        protect(0, 4, R),
+        load(1, 1),
+        TOp::Touch {
+            off: P,
+            write: true,
+        },
+        protect(0, 4, RW),
+        advise(1, 1, libc::MADV_DONTNEED),
+        load(0, 4),
+    ]);
+}
+
+#[test]
+fn write_only_and_exec_mappings() {
+    check(&[
+        map(0, 2, libc::PROT_WRITE as u32, true),
+        store(0),
+        load(0, 1),
+        map(2, 2, RX, true),
+        load(2, 1),
+        store(2),
+    ]);
+}
+
+#[test]
+fn accesses_cross_into_holes_and_protected_pages() {
+    check(&[
+        map(0, 2, RW, true),
+        map(3, 1, R, true),
+        TOp::Write {
+            off: P + 100,
+            len: 2 * P,
+            seed: 9,
+        },
+        load(0, 2),
+        TOp::Write {
+            off: 3 * P - 10,
+            len: 20,
+            seed: 1,
+        },
+        TOp::Read {
+            off: P + 4000,
+            len: 3 * P,
+        },
+        map(2, 1, NONE, true),
+        TOp::Read {
+            off: P + 4000,
+            len: 3 * P,
+        },
+        TOp::Touch {
+            off: 2 * P,
+            write: false,
+        },
+    ]);
+}
+
+#[test]
+fn fixed_noreplace_and_hints() {
+    check(&[
+        map(4, 4, RW, true),
+        TOp::Mmap {
+            place: Place::NoReplace,
+            off: 6 * P,
+            len: 4 * P,
+            prot: RW,
+            flags: anon(true),
+        },
+        TOp::Mmap {
+            place: Place::NoReplace,
+            off: 8 * P,
+            len: 4 * P,
+            prot: RW,
+            flags: anon(true),
+        },
+        TOp::Mmap {
+            place: Place::NoReplace,
+            off: 20 * P + 1,
+            len: P,
+            prot: RW,
+            flags: anon(true),
+        },
+        TOp::Mmap {
+            place: Place::HintShared,
+            off: 30 * P,
+            len: 2 * P,
+            prot: RW,
+            flags: anon(false),
+        },
+        TOp::Mmap {
+            place: Place::HintShared,
+            off: 5 * P,
+            len: 2 * P,
+            prot: RW,
+            flags: anon(false),
+        },
+        TOp::Mmap {
+            place: Place::AnywhereShared,
+            off: 0,
+            len: 2 * P,
+            prot: RW,
+            flags: anon(false),
+        },
+    ]);
+}
+
+#[test]
+fn populate_faults_everything_in() {
+    let pop = libc::MAP_POPULATE as u32;
+    check(&[
+        map_flags(0, 4, RW, anon(true) | pop),
+        map_flags(8, 4, R, anon(true) | pop),
+        map_flags(16, 2, RW, anon(false) | pop),
+        load(0, 18),
+    ]);
+}
