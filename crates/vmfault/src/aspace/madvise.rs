@@ -98,7 +98,7 @@ impl Space {
                 }
                 (v.prot, f)
             };
-            self.modify_range_locked(ctx, &mut map, op, s, e, change, &mut retired)?;
+            self.modify_range_locked(ctx, &mut map, op, s..e, change, &mut retired)?;
         }
         drop(map);
         drop(retired);

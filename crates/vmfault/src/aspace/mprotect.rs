@@ -12,6 +12,7 @@
 
 #![deny(unsafe_code)]
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use super::vma::{Vma, VmaFlags, VmaTree};
@@ -85,8 +86,7 @@ impl Space {
                 ctx,
                 &mut map,
                 op,
-                addr,
-                end,
+                addr..end,
                 |v| (prot, accounted_flags(v, prot)),
                 &mut retired,
             )
@@ -95,7 +95,7 @@ impl Space {
         result
     }
 
-    /// Give every VMA in `start..end` the protection and flags `f` returns,
+    /// Give every VMA in `range` the protection and flags `f` returns,
     /// splitting and merging as needed; narrow the PTEs of changed ranges.
     ///
     /// # Preconditions
@@ -109,11 +109,11 @@ impl Space {
         ctx: &Ctx<'_>,
         map: &mut VmaTree,
         op: Op,
-        start: u64,
-        end: u64,
+        range: Range<u64>,
         mut f: impl FnMut(&Vma) -> (Prot, VmaFlags),
         retired: &mut Vec<Arc<Vma>>,
     ) -> Result<()> {
+        let Range { start, end } = range;
         let mut pos = start;
         let mut result = Ok(());
         loop {

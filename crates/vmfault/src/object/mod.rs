@@ -62,7 +62,7 @@ impl Object {
         // Acquire pairs with the Release CAS in `insert`: the page's
         // contents were complete before it was published.
         let e = leaf.entry.load(Ordering::Acquire);
-        (e & PRESENT != 0).then(|| Pfn((e >> 12) as u32))
+        (e & PRESENT != 0).then_some(Pfn((e >> 12) as u32))
     }
 
     /// Insert a filled page at `pindex`. Returns the page now at `pindex`:

@@ -39,7 +39,8 @@
 //!   outermost one touches the counter.
 //!
 //! The loom model `tests/loom_rcu.rs` checks the reader/writer pairing, and
-//! fails when the grace period is skipped (`--cfg vmfault_mutation="rcu_no_grace"`).
+//! fails when the grace period is skipped (`--cfg vmfault_mutation="rcu_no_grace"`)
+//! or when the reader's fence is removed (`--cfg vmfault_mutation="rcu_no_reader_fence"`).
 
 use std::cell::Cell;
 
@@ -120,7 +121,9 @@ impl Rcu {
             c.store(v + 1, Ordering::Relaxed);
             // Pairs with the fence at the start of `synchronize`: either the
             // writer sees this odd counter, or this section sees the unlink.
-            fence(Ordering::SeqCst);
+            if !cfg!(vmfault_mutation = "rcu_no_reader_fence") {
+                fence(Ordering::SeqCst);
+            }
         }
         reader.nesting.set(depth + 1);
         #[cfg(all(debug_assertions, not(loom)))]

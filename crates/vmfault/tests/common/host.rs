@@ -94,6 +94,9 @@ fn errno() -> i32 {
 }
 
 /// Try an access in a grandchild; returns (bytes done, Some((addr, code)) on SIGSEGV).
+///
+/// # Safety
+/// `sh` is the shared region; `pat` holds `len` bytes for `Kind::Write`.
 unsafe fn probe(
     sh: *mut Shared,
     kind: Kind,
@@ -101,6 +104,8 @@ unsafe fn probe(
     len: usize,
     pat: *const u8,
 ) -> (usize, Option<(u64, i64)>) {
+    // SAFETY: the caller's contract; the accesses to `addr` happen in a forked
+    // copy whose faults end it through `on_fault`.
     unsafe {
         let pr = &raw mut (*sh).probe;
         ptr::write_volatile(&raw mut (*pr).done, 0);
@@ -188,7 +193,10 @@ fn unit(r: libc::c_int) -> RawResult {
     }
 }
 
+/// # Safety
+/// `sh` is the shared region; `src` holds `n` readable bytes.
 unsafe fn push_data(sh: *mut Shared, src: *const u8, n: usize) -> (u64, u64) {
+    // SAFETY: the caller's contract; the copy is clamped to the data area.
     unsafe {
         let at = (*sh).data_used as usize;
         let n = n.min(DATA_BYTES - at);
@@ -198,7 +206,12 @@ unsafe fn push_data(sh: *mut Shared, src: *const u8, n: usize) -> (u64, u64) {
     }
 }
 
+/// # Safety
+/// `sh` is the shared region; runs in the forked child only (it changes the
+/// child's own mappings).
 unsafe fn exec(sh: *mut Shared, base: u64, op: &TOp) -> RawResult {
+    // SAFETY: system calls on the child's window; loads and stores only
+    // after a grandchild proved them safe.
     unsafe {
         match *op {
             TOp::Mmap {
@@ -346,7 +359,11 @@ fn hex(s: &[u8]) -> (u64, usize) {
 }
 
 /// Record the window's part of /proc/self/maps; returns (at, count).
+///
+/// # Safety
+/// `sh` is the shared region.
 unsafe fn record_maps(sh: *mut Shared, base: u64) -> (u64, u64) {
+    // SAFETY: reads into the shared scratch area, bounded by its size.
     unsafe {
         let fd = libc::open(c"/proc/self/maps".as_ptr(), libc::O_RDONLY);
         let buf = (&raw mut (*sh).scratch).cast::<u8>();
@@ -387,7 +404,10 @@ unsafe fn record_maps(sh: *mut Shared, base: u64) -> (u64, u64) {
     }
 }
 
+/// # Safety
+/// Runs in the forked child only; `sh` is the shared region.
 unsafe fn child(sh: *mut Shared, ops: &[TOp]) -> ! {
+    // SAFETY: the child owns its address space; see `exec`.
     unsafe {
         libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
         let total = (W + 2 * GUARD) as usize;

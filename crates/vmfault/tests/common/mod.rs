@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod host;
+pub mod model;
 pub mod ops;
 
 use ops::*;

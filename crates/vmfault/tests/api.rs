@@ -1,0 +1,336 @@
+//! The public API as the issue specifies it, vCPU handling, SIGSEGV codes,
+//! running out of frames, and statistics.
+
+use vmfault::{Access, AddressSpace, Advice, Error, MapFlags, Prot, SegvCode, Vm, VmConfig};
+
+const P: u64 = 4096;
+const RW: Prot = Prot::READ.union(Prot::WRITE);
+const PA: MapFlags = MapFlags::PRIVATE.union(MapFlags::ANONYMOUS);
+
+fn small(phys_bytes: u64, cpus: usize) -> Vm {
+    Vm::new(VmConfig {
+        phys_bytes,
+        cpus,
+        prefault: false,
+        ..VmConfig::default()
+    })
+    .unwrap()
+}
+
+#[test]
+fn the_api_of_the_issue() -> Result<(), Error> {
+    let vm = Vm::new(VmConfig {
+        phys_bytes: 256 << 20,
+        cpus: 4,
+        ..VmConfig::default()
+    })?;
+    let _cpu = vm.attach()?;
+    let space = vm.new_space()?;
+    let a: u64 = space.mmap(
+        0,
+        1 << 20,
+        Prot::READ | Prot::WRITE,
+        MapFlags::PRIVATE | MapFlags::ANONYMOUS,
+    )?;
+    space.write(a + 10, b"hello")?;
+    let mut buf = [0u8; 5];
+    space.read(a + 10, &mut buf)?;
+    assert_eq!(&buf, b"hello");
+    space.touch(a, Access::Write)?;
+    space.mprotect(a, 4096, Prot::READ)?;
+    let err = space.write(a, b"x").unwrap_err();
+    assert_eq!(
+        err,
+        Error::Segv {
+            addr: a,
+            code: SegvCode::AccErr
+        }
+    );
+    assert_eq!(err.errno(), libc::EFAULT);
+    space.madvise(a, 1 << 20, Advice::DontNeed)?;
+    space.read(a + 10, &mut buf)?;
+    assert_eq!(buf, [0; 5]);
+    space.munmap(a, 1 << 20)?;
+    let s = vm.stats();
+    assert!(s.faults >= 2 && s.total_pages == 65536 && s.free_pages > 0);
+    let json = serde_json::to_value(&s).unwrap();
+    assert!(json["faults"].as_u64().unwrap() >= 2);
+    Ok(())
+}
+
+#[test]
+fn handles_are_clone_send_sync() {
+    fn check<T: Clone + Send + Sync + 'static>() {}
+    check::<Vm>();
+    check::<AddressSpace>();
+}
+
+#[test]
+fn mmap_places_top_down_and_honours_free_hints() {
+    let vm = small(4 << 20, 1);
+    let space = vm.new_space().unwrap();
+    let a = space.mmap(0, 4 * P, RW, PA).unwrap();
+    let b = space.mmap(0, 4 * P, Prot::READ, PA).unwrap();
+    assert!(b + 4 * P <= a, "second mapping below the first");
+    let hint = 0x1234_5000;
+    assert_eq!(space.mmap(hint, P, RW, PA).unwrap(), hint);
+    // An occupied hint goes elsewhere; an unaligned one is rounded down.
+    assert_ne!(space.mmap(hint, P, RW, PA).unwrap(), hint);
+    assert_eq!(space.mmap(0x5555_5123, P, RW, PA).unwrap(), 0x5555_5000);
+    // A hint below mmap_min_addr moves up to it.
+    assert_eq!(
+        space.mmap(0x1000, P, RW, PA).unwrap(),
+        vmfault::MMAP_MIN_ADDR
+    );
+    let err = space.mmap(0x1000, P, RW, PA | MapFlags::FIXED).unwrap_err();
+    assert_eq!(err.errno(), libc::EPERM);
+}
+
+#[test]
+fn bad_arguments_are_errors_not_panics() {
+    let vm = small(4 << 20, 1);
+    let space = vm.new_space().unwrap();
+    fn einval<T: std::fmt::Debug>(r: Result<T, Error>) -> i32 {
+        r.unwrap_err().errno()
+    }
+    assert_eq!(
+        einval(space.mmap(0, P, Prot::from_bits_retain(0x100), PA)),
+        libc::EINVAL
+    );
+    assert_eq!(
+        einval(space.mmap(0, P, RW, PA | MapFlags::from_bits_retain(0x0800_0000))),
+        libc::EINVAL
+    );
+    assert_eq!(einval(space.mmap(0, P, RW, MapFlags::PRIVATE)), libc::EBADF);
+    assert_eq!(einval(space.mmap(0, u64::MAX, RW, PA)), libc::ENOMEM);
+    assert_eq!(einval(space.munmap(u64::MAX - 4095, P)), libc::EINVAL);
+    assert_eq!(einval(space.mprotect(0, u64::MAX, RW)), libc::ENOMEM);
+    assert_eq!(
+        einval(space.madvise(P, u64::MAX, Advice::DontNeed)),
+        libc::EINVAL
+    );
+    assert!(space.read(u64::MAX - 2, &mut [0u8; 8]).is_err());
+    assert!(space.write(u64::MAX, &[1]).is_err());
+    assert_eq!(
+        space.touch(vmfault::TASK_SIZE, Access::Read),
+        Err(Error::Segv {
+            addr: vmfault::TASK_SIZE,
+            code: SegvCode::MapErr
+        })
+    );
+    // A zero-length access touches nothing, even at a bad address.
+    assert_eq!(space.read(0, &mut []), Ok(()));
+    let e = space.mprotect(P + 1, P, RW).unwrap_err();
+    assert_eq!(e.to_string(), "mprotect: address not page-aligned (0x1001)");
+}
+
+#[test]
+fn segv_codes_and_first_bad_address() {
+    let vm = small(4 << 20, 1);
+    let space = vm.new_space().unwrap();
+    let a = space.mmap(0, 3 * P, RW, PA).unwrap();
+    space.munmap(a + 2 * P, P).unwrap();
+    space.mprotect(a + P, P, Prot::NONE).unwrap();
+    assert_eq!(
+        space.touch(a + P + 5, Access::Read),
+        Err(Error::Segv {
+            addr: a + P + 5,
+            code: SegvCode::AccErr
+        })
+    );
+    assert_eq!(
+        space.touch(a + 2 * P, Access::Read),
+        Err(Error::Segv {
+            addr: a + 2 * P,
+            code: SegvCode::MapErr
+        })
+    );
+    assert_eq!(
+        space.touch(a, Access::Exec),
+        Err(Error::Segv {
+            addr: a,
+            code: SegvCode::AccErr
+        })
+    );
+    // A write that crosses into the PROT_NONE page stores the bytes before it.
+    let data = [7u8; 100];
+    let err = space.write(a + P - 50, &data).unwrap_err();
+    assert_eq!(
+        err,
+        Error::Segv {
+            addr: a + P,
+            code: SegvCode::AccErr
+        }
+    );
+    let mut back = [0u8; 50];
+    space.read(a + P - 50, &mut back).unwrap();
+    assert_eq!(back, [7u8; 50]);
+    let mut buf = [1u8; 100];
+    let err = space.read(a + P - 50, &mut buf).unwrap_err();
+    assert_eq!(
+        err,
+        Error::Segv {
+            addr: a + P,
+            code: SegvCode::AccErr
+        }
+    );
+    assert_eq!(&buf[..50], &[7u8; 50]);
+    assert_eq!(vm.stats().segv, 5);
+}
+
+#[test]
+fn vcpu_slots_attach_run_out_and_unattached_threads_share_one() {
+    let vm = small(16 << 20, 2);
+    let space = vm.new_space().unwrap();
+    let a = space.mmap(0, 64 * P, RW, PA).unwrap();
+    let g = vm.attach().unwrap();
+    assert_eq!(
+        vm.attach().unwrap_err(),
+        Error::AlreadyAttached { cpu: g.cpu() }
+    );
+    let vm2 = vm.clone();
+    let t = std::thread::spawn(move || {
+        let _g = vm2.attach().unwrap();
+        let vm3 = vm2.clone();
+        std::thread::spawn(move || vm3.attach().map(|_| ()))
+            .join()
+            .unwrap()
+    });
+    assert_eq!(t.join().unwrap(), Err(Error::NoCpu { cpus: 2 }));
+    // Eight unattached threads fault concurrently through the shared slot.
+    let threads: Vec<_> = (0..8u64)
+        .map(|i| {
+            let space = space.clone();
+            std::thread::spawn(move || {
+                for p in 0..8 {
+                    space
+                        .write(a + (i * 8 + p) * P, &[i as u8 + 1; 16])
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    for i in 0..64u64 {
+        let mut b = [0u8; 16];
+        space.read(a + i * P, &mut b).unwrap();
+        assert_eq!(b, [(i / 8) as u8 + 1; 16]);
+    }
+    let shared_slot = vm.cpu_stats().pop().unwrap();
+    assert_eq!(shared_slot.counters.zero_fill, 64);
+    drop(g);
+    assert_eq!(vm.stats().cpus_attached, 0);
+}
+
+#[test]
+fn out_of_frames_is_enomem_and_leaks_nothing() {
+    let vm = small(64 * P, 1);
+    let space = vm.new_space().unwrap();
+    let initial = vm.stats().free_pages;
+    let a = space.mmap(0, 256 * P, RW, PA).unwrap();
+    let mut written = 0;
+    let err = loop {
+        match space.write(a + written * P, &[0xAB; 8]) {
+            Ok(()) => written += 1,
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(err, Error::NoMemory { .. }), "{err}");
+    assert_eq!(err.errno(), libc::ENOMEM);
+    assert!(written > 40, "only {written} pages before ENOMEM");
+    assert_eq!(vm.stats().free_pages, 0);
+    assert!(vm.stats().fault_nomem >= 1);
+    // Nothing half-installed: the failed page reads as zeros (zero page, no
+    // allocation), every written page kept its bytes.
+    let mut b = [1u8; 8];
+    space.read(a + written * P, &mut b).unwrap();
+    assert_eq!(b, [0; 8]);
+    for p in 0..written {
+        space.read(a + p * P, &mut b).unwrap();
+        assert_eq!(b, [0xAB; 8]);
+    }
+    // Shared mappings need a frame for their object: ENOMEM, nothing mapped.
+    let e = space
+        .mmap(0, P, RW, MapFlags::SHARED | MapFlags::ANONYMOUS)
+        .unwrap_err();
+    assert_eq!(e.errno(), libc::ENOMEM);
+    space.munmap(a, 256 * P).unwrap();
+    assert_eq!(vm.stats().free_pages, initial);
+    // And memory is usable again.
+    let b2 = space.mmap(0, 8 * P, RW, PA | MapFlags::POPULATE).unwrap();
+    space.write(b2, b"again").unwrap();
+    drop(space);
+    assert_eq!(
+        vm.stats().free_pages,
+        initial + 1,
+        "the page-table root is freed with the space"
+    );
+}
+
+#[test]
+fn populate_and_zero_page_statistics() {
+    let vm = small(8 << 20, 1);
+    let space = vm.new_space().unwrap();
+    let before = vm.stats();
+    let a = space.mmap(0, 16 * P, RW, PA | MapFlags::POPULATE).unwrap();
+    let s = vm.stats();
+    assert_eq!(s.zero_fill - before.zero_fill, 16);
+    space.touch(a, Access::Write).unwrap();
+    assert_eq!(
+        vm.stats().faults,
+        s.faults,
+        "populated pages do not fault again"
+    );
+    let r = space
+        .mmap(0, 16 * P, Prot::READ, PA | MapFlags::POPULATE)
+        .unwrap();
+    assert_eq!(vm.stats().zero_page_maps - s.zero_page_maps, 16);
+    let mut b = [9u8; 3];
+    space.read(r + 5 * P, &mut b).unwrap();
+    assert_eq!(b, [0; 3]);
+    // Without the zero page, reads allocate.
+    let mut cfg = small(8 << 20, 1).config().clone();
+    cfg.zero_page = false;
+    let vm = Vm::new(cfg).unwrap();
+    let space = vm.new_space().unwrap();
+    let r = space.mmap(0, 4 * P, Prot::READ, PA).unwrap();
+    space.read(r, &mut [0u8; 4 * 4096]).unwrap();
+    assert_eq!((vm.stats().zero_fill, vm.stats().zero_page_maps), (4, 0));
+}
+
+#[test]
+fn many_vms_coexist() {
+    let vms: Vec<Vm> = (0..4).map(|_| small(2 << 20, 1)).collect();
+    let spaces: Vec<AddressSpace> = vms.iter().map(|v| v.new_space().unwrap()).collect();
+    for (i, s) in spaces.iter().enumerate() {
+        let a = s.mmap(0x10_0000, P, RW, PA | MapFlags::FIXED).unwrap();
+        s.write(a, &[i as u8; 4]).unwrap();
+    }
+    for (i, s) in spaces.iter().enumerate() {
+        let mut b = [0u8; 4];
+        s.read(0x10_0000, &mut b).unwrap();
+        assert_eq!(b, [i as u8; 4]);
+    }
+    let _g0 = vms[0].attach().unwrap();
+    let _g1 = vms[1].attach().unwrap();
+    assert!(!vms[0].same_vm(&vms[1]));
+}
+
+#[test]
+fn page_tables_are_freed_with_their_last_mapping() {
+    let vm = small(8 << 20, 1);
+    let space = vm.new_space().unwrap();
+    let a = space.mmap(0, 2048 * P, RW, PA).unwrap();
+    for p in (0..2048).step_by(64) {
+        space.touch(a + p * P, Access::Write).unwrap();
+    }
+    assert!(space.page_table_pages() >= 5);
+    assert_eq!(vm.stats().page_table_pages, space.page_table_pages());
+    space.munmap(a, 1024 * P).unwrap();
+    space.munmap(a + 1024 * P, 1024 * P).unwrap();
+    assert_eq!(space.page_table_pages(), 1);
+    assert_eq!(vm.stats().data_pages, 0);
+    assert_eq!(vm.stats().index_pages, 0);
+}

@@ -1,0 +1,286 @@
+//! A reference model of the window: one entry per page (mapped or not, its
+//! protection, where its bytes live). It knows nothing of VMAs, objects or
+//! page tables, only what a program can observe: results, errnos, bytes.
+
+use std::collections::{BTreeMap, HashMap};
+
+use super::ops::*;
+
+const EINVAL: i32 = libc::EINVAL;
+const ENOMEM: i32 = libc::ENOMEM;
+
+/// Where a mapped page's bytes live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Backing {
+    /// Private anonymous memory: its own bytes (absent: zeros).
+    Private(Option<Box<[u8]>>),
+    /// Shared anonymous memory: page `pindex` of shared object `object`.
+    Shared { object: u64, pindex: u64 },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Page {
+    prot: u32,
+    backing: Backing,
+}
+
+/// The model state.
+#[derive(Debug, Clone, Default)]
+pub struct Model {
+    pages: BTreeMap<u64, Page>,
+    shared: HashMap<(u64, u64), Box<[u8]>>,
+    next_object: u64,
+    /// What the last operation should have produced.
+    pub last: Option<Outcome>,
+}
+
+fn readable(prot: u32) -> bool {
+    prot != 0
+}
+
+fn writable(prot: u32) -> bool {
+    prot & libc::PROT_WRITE as u32 != 0
+}
+
+fn align_up(len: u64) -> u64 {
+    len.div_ceil(P) * P
+}
+
+impl Model {
+    /// Pages currently mapped (window page numbers).
+    pub fn mapped_pages(&self) -> Vec<u64> {
+        self.pages.keys().copied().collect()
+    }
+
+    fn range_free(&self, first: u64, n: u64) -> bool {
+        self.pages.range(first..first + n).next().is_none()
+    }
+
+    fn bytes(&self, page: u64) -> Vec<u8> {
+        match &self.pages[&page].backing {
+            Backing::Private(Some(b)) => b.to_vec(),
+            Backing::Private(None) => vec![0; P as usize],
+            Backing::Shared { object, pindex } => self
+                .shared
+                .get(&(*object, *pindex))
+                .map_or_else(|| vec![0; P as usize], |b| b.to_vec()),
+        }
+    }
+
+    fn store(&mut self, page: u64, at: usize, data: &[u8]) {
+        let mut b = self.bytes(page);
+        b[at..at + data.len()].copy_from_slice(data);
+        match self.pages.get_mut(&page).unwrap().backing.clone() {
+            Backing::Private(_) => {
+                self.pages.get_mut(&page).unwrap().backing = Backing::Private(Some(b.into()))
+            }
+            Backing::Shared { object, pindex } => {
+                self.shared.insert((object, pindex), b.into());
+            }
+        }
+    }
+
+    fn map(&mut self, first: u64, n: u64, prot: u32, shared: bool) {
+        let object = self.next_object;
+        self.next_object += 1;
+        for i in 0..n {
+            let backing = if shared {
+                Backing::Shared { object, pindex: i }
+            } else {
+                Backing::Private(None)
+            };
+            self.pages.insert(first + i, Page { prot, backing });
+        }
+    }
+
+    /// Apply `op`, recording the expected outcome in `last`.
+    pub fn apply(&mut self, op: &TOp) {
+        let out = self.step(op);
+        self.last = Some(out);
+    }
+
+    fn step(&mut self, op: &TOp) -> Outcome {
+        match *op {
+            TOp::Mmap {
+                place,
+                off,
+                len,
+                prot,
+                flags,
+            } => self.mmap(place, off, len, prot, flags),
+            TOp::Munmap { off, len } => {
+                if !off.is_multiple_of(P) || len == 0 {
+                    return Outcome::Err(EINVAL);
+                }
+                let first = off / P;
+                for p in first..first + align_up(len) / P {
+                    self.pages.remove(&p);
+                }
+                Outcome::Ok
+            }
+            TOp::Mprotect { off, len, prot } => {
+                if !off.is_multiple_of(P) {
+                    return Outcome::Err(EINVAL);
+                }
+                if len == 0 {
+                    return Outcome::Ok;
+                }
+                if prot & !7 != 0 {
+                    return Outcome::Err(EINVAL);
+                }
+                let first = off / P;
+                for p in first..first + align_up(len) / P {
+                    match self.pages.get_mut(&p) {
+                        Some(page) => page.prot = prot,
+                        None => return Outcome::Err(ENOMEM),
+                    }
+                }
+                Outcome::Ok
+            }
+            TOp::Madvise { off, len, advice } => {
+                if !off.is_multiple_of(P) {
+                    return Outcome::Err(EINVAL);
+                }
+                if len == 0 {
+                    return Outcome::Ok;
+                }
+                let first = off / P;
+                let mut hole = false;
+                for p in first..first + align_up(len) / P {
+                    match self.pages.get_mut(&p) {
+                        Some(page) => {
+                            if advice == libc::MADV_DONTNEED
+                                && matches!(page.backing, Backing::Private(_))
+                            {
+                                page.backing = Backing::Private(None);
+                            }
+                        }
+                        None => hole = true,
+                    }
+                }
+                if hole {
+                    Outcome::Err(ENOMEM)
+                } else {
+                    Outcome::Ok
+                }
+            }
+            TOp::Read { off, len } => {
+                let mut data = Vec::new();
+                match self.walk(off, len, readable, |m, page, at, n| {
+                    data.extend_from_slice(&m.bytes(page)[at..at + n])
+                }) {
+                    None => Outcome::Data(data),
+                    Some((fault, code)) => Outcome::Segv {
+                        off: fault as i64,
+                        code,
+                        data,
+                    },
+                }
+            }
+            TOp::Write { off, len, seed } => {
+                let pat = pattern(seed, len as usize);
+                let mut done = 0;
+                let mut writes = Vec::new();
+                let r = self.walk(off, len, writable, |_, page, at, n| {
+                    writes.push((page, at, done, n));
+                    done += n;
+                });
+                for (page, at, from, n) in writes {
+                    self.store(page, at, &pat[from..from + n]);
+                }
+                match r {
+                    None => Outcome::Ok,
+                    Some((fault, code)) => Outcome::Segv {
+                        off: fault as i64,
+                        code,
+                        data: Vec::new(),
+                    },
+                }
+            }
+            TOp::Touch { off, write } => {
+                let ok = if write { writable } else { readable };
+                match self.walk(off, 1, ok, |_, _, _, _| {}) {
+                    None => Outcome::Ok,
+                    Some((fault, code)) => Outcome::Segv {
+                        off: fault as i64,
+                        code,
+                        data: Vec::new(),
+                    },
+                }
+            }
+            TOp::Abs(a) => Outcome::Err(match a {
+                AbsOp::MunmapHugeLen | AbsOp::MunmapAboveTask => EINVAL,
+                AbsOp::MprotectAlignOverflow | AbsOp::MprotectWrapEnd => ENOMEM,
+                AbsOp::MadviseHugeLen | AbsOp::MadviseWrapEnd => EINVAL,
+                AbsOp::MadviseAboveTask => ENOMEM,
+                AbsOp::MmapHugeLen | AbsOp::MmapAlignOverflow | AbsOp::MmapFixedTop => ENOMEM,
+                AbsOp::MmapNoType => EINVAL,
+            }),
+        }
+    }
+
+    fn mmap(&mut self, place: Place, off: u64, len: u64, prot: u32, flags: u32) -> Outcome {
+        if len == 0 {
+            return Outcome::Err(EINVAL);
+        }
+        let ty = flags & (libc::MAP_SHARED | libc::MAP_PRIVATE) as u32;
+        let shared = ty == libc::MAP_SHARED as u32;
+        let valid_type = shared || ty == libc::MAP_PRIVATE as u32;
+        let n = align_up(len) / P;
+        match place {
+            Place::Fixed | Place::NoReplace => {
+                if !off.is_multiple_of(P) {
+                    return Outcome::Err(EINVAL);
+                }
+                if place == Place::NoReplace && !self.range_free(off / P, n) {
+                    return Outcome::Err(libc::EEXIST);
+                }
+                if !valid_type {
+                    return Outcome::Err(EINVAL);
+                }
+                self.map(off / P, n, prot, shared);
+                Outcome::Addr(off)
+            }
+            Place::HintShared if off.is_multiple_of(P) && self.range_free(off / P, n) => {
+                self.map(off / P, n, prot, true);
+                Outcome::Addr(off)
+            }
+            Place::HintShared | Place::AnywhereShared => Outcome::Elsewhere,
+        }
+    }
+
+    /// Walk `off..off+len` page by page while `ok(prot)`; `f(model, page,
+    /// offset in page, n)` for each accessible piece; the first fault as
+    /// (window offset, si_code).
+    fn walk(
+        &self,
+        off: u64,
+        len: u64,
+        ok: fn(u32) -> bool,
+        mut f: impl FnMut(&Model, u64, usize, usize),
+    ) -> Option<(u64, i32)> {
+        let mut done = 0;
+        while done < len {
+            let a = off + done;
+            let page = a / P;
+            let at = (a % P) as usize;
+            let n = ((P as usize) - at).min((len - done) as usize);
+            match self.pages.get(&page) {
+                None => return Some((a, 1)),
+                Some(p) if !ok(p.prot) => return Some((a, 2)),
+                Some(_) => f(self, page, at, n),
+            }
+            done += n as u64;
+        }
+        None
+    }
+
+    /// Every readable page's bytes, for a whole-window comparison.
+    pub fn readable_pages(&self) -> Vec<(u64, Vec<u8>)> {
+        self.pages
+            .iter()
+            .filter(|(_, p)| readable(p.prot))
+            .map(|(&k, _)| (k, self.bytes(k)))
+            .collect()
+    }
+}
