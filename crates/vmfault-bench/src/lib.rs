@@ -1,1 +1,535 @@
-//! Workloads.
+//! # vmfault-bench: the seeds' workloads, on vmfault and on the host kernel
+//!
+//! Workloads from will-it-scale (`page_fault1`, `malloc1`, `mmap1`,
+//! `brk1`), mmtests' `pft` and `ebizzy -mT`, plus the zero-fill limit, each
+//! with a vmfault version (one vCPU per thread) and a host-kernel twin that
+//! runs the same code against real system calls ([`target`]).
+//!
+//! [`run`] executes a [`Plan`]: for every workload and thread count it warms
+//! each system up, then runs rounds interleaved across systems (vmfault
+//! with each compared setting, and the host), rotating the order every
+//! round (A B H, B H A, H A B, ...), so that the machine's noise and the
+//! state one round leaves for the next hit all of them alike, and ratios
+//! can be taken round by round. No timing threshold lives here: it measures and reports.
+//!
+//! ```
+//! use vmfault_bench::{Plan, Sizes, Workload, run};
+//! let plan = Plan { workloads: vec![Workload::Ebizzy], threads: vec![1], rounds: 1,
+//!                   round_secs: 0.01, warmup_secs: 0.0, sizes: Sizes::TINY, ..Plan::default() };
+//! let results = run(&plan, &mut |_| {});
+//! assert!(results.rows.iter().any(|r| r.system == "vmfault" && r.ops_per_sec > 0.0));
+//! ```
+
+pub mod harness;
+mod loops;
+pub mod results;
+pub mod target;
+pub mod workload;
+
+use std::collections::BTreeMap;
+
+use vmfault::{Vm, VmConfig};
+
+pub use harness::RoundResult;
+pub use results::{Comparison, Machine, Results, Row, Spread};
+use target::{HostTarget, VmTarget};
+pub use workload::{Sizes, Workload};
+
+/// What to measure.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// Workloads, in order.
+    pub workloads: Vec<Workload>,
+    /// Thread counts.
+    pub threads: Vec<usize>,
+    /// Measured rounds per point.
+    pub rounds: usize,
+    /// Seconds per round.
+    pub round_secs: f64,
+    /// Seconds of warm-up per system before the rounds.
+    pub warmup_secs: f64,
+    /// Workload sizes.
+    pub sizes: Sizes,
+    /// The vmfault configuration (after `--set`); `phys_bytes` and `cpus`
+    /// are sized to the plan unless set in `user_settings`.
+    pub base: VmConfig,
+    /// Knobs the user set (shown in every vmfault row's settings).
+    pub user_settings: BTreeMap<String, String>,
+    /// `--compare key=a,b,...`: one vmfault system per value.
+    pub compare: Option<(String, Vec<String>)>,
+    /// Run the host-kernel twins too.
+    pub host: bool,
+    /// Measure the zero-fill limit at every thread count.
+    pub zero_fill: bool,
+}
+
+impl Default for Plan {
+    fn default() -> Plan {
+        Plan {
+            workloads: Workload::DEFAULT_SUITE.to_vec(),
+            threads: default_threads(),
+            rounds: 3,
+            round_secs: 0.4,
+            warmup_secs: 0.2,
+            sizes: Sizes::FULL,
+            base: VmConfig::default(),
+            user_settings: BTreeMap::new(),
+            compare: None,
+            host: true,
+            zero_fill: true,
+        }
+    }
+}
+
+/// 1, 2 and twice the host's CPUs: one, a pair, and more vCPUs than cores.
+pub fn default_threads() -> Vec<usize> {
+    let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut t = vec![1, 2, 2 * n];
+    t.dedup();
+    t
+}
+
+/// Progress of a run, for progress bars.
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// The run will take this many rounds (warm-ups included).
+    Planned {
+        /// Rounds in all.
+        rounds: usize,
+    },
+    /// A round is starting.
+    Round {
+        /// What it measures, e.g. `page_fault1 x2 vmfault`.
+        label: String,
+    },
+    /// Something worth telling the user.
+    Note(String),
+}
+
+/// Knob names and values, as shown in a row's `settings`.
+pub type Settings = BTreeMap<String, String>;
+
+/// One system of a run: vmfault with some settings, or the host.
+struct System {
+    label: String,
+    settings: BTreeMap<String, String>,
+    vm: Option<Vm>,
+}
+
+impl Plan {
+    fn max_threads(&self) -> usize {
+        self.threads.iter().copied().max().unwrap_or(1)
+    }
+
+    /// The vmfault configurations: one, or one per compared value.
+    fn vm_configs(&self) -> Result<Vec<(VmConfig, Settings)>, String> {
+        let mut base = self.base.clone();
+        let mut all = self.workloads.clone();
+        if self.zero_fill {
+            all.push(Workload::ZeroFill);
+        }
+        size_vm(
+            &mut base,
+            &all,
+            self.max_threads(),
+            &self.sizes,
+            &self.user_settings,
+        );
+        match &self.compare {
+            None => Ok(vec![(base, self.user_settings.clone())]),
+            Some((key, values)) => values
+                .iter()
+                .map(|v| {
+                    let mut cfg = base.clone();
+                    cfg.set(key, v)
+                        .map_err(|e| format!("--compare {key}={v}: {e}"))?;
+                    let mut settings = self.user_settings.clone();
+                    settings.insert(key.clone(), v.clone());
+                    Ok((cfg, settings))
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Size `cfg` for `workloads` at up to `threads` vCPUs: `cpus` and
+/// `phys_bytes`, unless `user_set` names them (the user's word wins).
+pub fn size_vm(
+    cfg: &mut VmConfig,
+    workloads: &[Workload],
+    threads: usize,
+    sizes: &Sizes,
+    user_set: &BTreeMap<String, String>,
+) {
+    if !user_set.contains_key("cpus") {
+        cfg.cpus = threads.max(1);
+    }
+    if !user_set.contains_key("phys_bytes") {
+        let need = workloads
+            .iter()
+            .map(|w| w.footprint_per_thread(sizes) * threads as u64 + w.footprint_shared(sizes))
+            .max()
+            .unwrap_or(0);
+        // Page tables and index nodes: 2 frames per 512 pages, plus slack.
+        cfg.phys_bytes = need + need / 128 + (16 << 20);
+    }
+}
+
+fn label(settings: &BTreeMap<String, String>) -> String {
+    let s: Vec<String> = settings.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    if s.is_empty() {
+        "vmfault".into()
+    } else {
+        format!("vmfault {}", s.join(" "))
+    }
+}
+
+/// Execute `plan`, reporting progress to `observe`.
+pub fn run(plan: &Plan, observe: &mut dyn FnMut(Event)) -> Results {
+    let machine = Machine::detect();
+    let mut rows = Vec::new();
+    let mut skipped = Vec::new();
+    let mut systems: Vec<System> = Vec::new();
+    match plan.vm_configs() {
+        Ok(cfgs) => {
+            for (cfg, settings) in cfgs {
+                match Vm::new(cfg) {
+                    Ok(vm) => systems.push(System {
+                        label: label(&settings),
+                        settings,
+                        vm: Some(vm),
+                    }),
+                    Err(e) => observe(Event::Note(format!(
+                        "{}: cannot build the Vm: {e}",
+                        label(&settings)
+                    ))),
+                }
+            }
+        }
+        Err(e) => observe(Event::Note(e)),
+    }
+    if plan.host {
+        systems.push(System {
+            label: "host".into(),
+            settings: BTreeMap::new(),
+            vm: None,
+        });
+    }
+    let runnable: Vec<Workload> = plan
+        .workloads
+        .iter()
+        .copied()
+        .filter(|w| match w.unsupported() {
+            Some(reason) => {
+                observe(Event::Note(format!("{}: {reason}", w.name())));
+                skipped.push(results::Skipped {
+                    workload: *w,
+                    reason: reason.into(),
+                });
+                false
+            }
+            None => *w != Workload::ZeroFill,
+        })
+        .collect();
+    let per_point = plan.rounds + usize::from(plan.warmup_secs > 0.0);
+    let mut footprints: Vec<u64> = runnable
+        .iter()
+        .map(|w| w.zero_fill_footprint(&plan.sizes))
+        .collect();
+    footprints.push(plan.sizes.region);
+    footprints.sort_unstable_by(|a, b| b.cmp(a));
+    footprints.dedup();
+    if !plan.zero_fill {
+        footprints.clear();
+    }
+    let zf = footprints.len() * plan.threads.len() * per_point;
+    observe(Event::Planned {
+        rounds: runnable.len() * plan.threads.len() * systems.len() * per_point + zf,
+    });
+
+    let host = [System {
+        label: "host".into(),
+        settings: BTreeMap::new(),
+        vm: None,
+    }];
+    for &bytes in &footprints {
+        let sizes = Sizes {
+            region: bytes,
+            ..plan.sizes
+        };
+        for &t in &plan.threads {
+            for mut row in measure_point(plan, &sizes, Workload::ZeroFill, t, &host, observe) {
+                row.footprint_bytes = Some(bytes);
+                rows.push(row);
+            }
+        }
+    }
+    for &w in &runnable {
+        for &t in &plan.threads {
+            rows.extend(measure_point(plan, &plan.sizes, w, t, &systems, observe));
+        }
+    }
+    results::derive(&mut rows, &plan.sizes);
+    let comparisons = compare(plan, &rows);
+    let zero_fill_pages_per_sec = rows
+        .iter()
+        .find(|r| {
+            r.workload == Workload::ZeroFill
+                && r.threads == 1
+                && r.footprint_bytes == Some(plan.sizes.region)
+        })
+        .map(|r| r.ops_per_sec);
+    let mut plan_info = BTreeMap::new();
+    plan_info.insert("threads".to_string(), serde_json::json!(plan.threads));
+    plan_info.insert("rounds".to_string(), serde_json::json!(plan.rounds));
+    plan_info.insert("round_secs".to_string(), serde_json::json!(plan.round_secs));
+    plan_info.insert(
+        "warmup_secs".to_string(),
+        serde_json::json!(plan.warmup_secs),
+    );
+    plan_info.insert("sizes".to_string(), serde_json::json!(plan.sizes));
+    let config = plan
+        .base
+        .knobs()
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+    Results {
+        machine,
+        config,
+        plan: plan_info,
+        zero_fill_pages_per_sec,
+        rows,
+        comparisons,
+        skipped,
+    }
+}
+
+/// Warm up, then run interleaved rounds of every system at one point.
+fn measure_point(
+    plan: &Plan,
+    sizes: &Sizes,
+    w: Workload,
+    threads: usize,
+    systems: &[System],
+    observe: &mut dyn FnMut(Event),
+) -> Vec<Row> {
+    let mut rounds: Vec<Vec<RoundResult>> = vec![Vec::new(); systems.len()];
+    let mut errors: Vec<Option<String>> = vec![None; systems.len()];
+    let passes = (0..usize::from(plan.warmup_secs > 0.0))
+        .map(|_| true)
+        .chain((0..plan.rounds).map(|_| false));
+    for (pass, warmup) in passes.enumerate() {
+        // Rotate the order every pass, so that no system always runs right
+        // after the same other one (caches, TLBs and frequency carry over).
+        for k in 0..systems.len() {
+            let i = (k + pass) % systems.len();
+            let s = &systems[i];
+            let name = if w == Workload::ZeroFill {
+                format!("zero-fill limit {} KiB", sizes.region >> 10)
+            } else {
+                s.label.clone()
+            };
+            observe(Event::Round {
+                label: format!(
+                    "{} x{threads} {name}{}",
+                    w.name(),
+                    if warmup { " (warm-up)" } else { "" }
+                ),
+            });
+            if errors[i].is_some() {
+                continue;
+            }
+            let secs = if warmup {
+                plan.warmup_secs
+            } else {
+                plan.round_secs
+            };
+            let r = match &s.vm {
+                Some(vm) => {
+                    VmTarget::new(vm).and_then(|t| harness::round(w, &t, threads, secs, sizes))
+                }
+                None => harness::round(w, &HostTarget, threads, secs, sizes),
+            };
+            match r {
+                Ok(r) if !warmup => rounds[i].push(r),
+                Ok(_) => {}
+                Err(e) => {
+                    observe(Event::Note(format!(
+                        "{} x{threads} {}: {e}",
+                        w.name(),
+                        s.label
+                    )));
+                    errors[i] = Some(e);
+                }
+            }
+        }
+    }
+    systems
+        .iter()
+        .zip(rounds)
+        .zip(errors)
+        .map(|((s, r), e)| {
+            let system = if s.vm.is_some() { "vmfault" } else { "host" };
+            results::row(w, system, &s.settings, threads, r, e)
+        })
+        .collect()
+}
+
+/// Each compared value against the first, round by round.
+fn compare(plan: &Plan, rows: &[Row]) -> Vec<Comparison> {
+    let Some((key, values)) = &plan.compare else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    let find = |w: Workload, t: usize, v: &str| {
+        rows.iter().find(|r| {
+            r.workload == w
+                && r.threads == t
+                && r.system == "vmfault"
+                && r.settings.get(key).map(String::as_str) == Some(v)
+        })
+    };
+    for w in plan
+        .workloads
+        .iter()
+        .copied()
+        .filter(|w| w.unsupported().is_none() && *w != Workload::ZeroFill)
+    {
+        for &t in &plan.threads {
+            let Some(a) = find(w, t, &values[0]) else {
+                continue;
+            };
+            for b in &values[1..] {
+                if let Some(rb) = find(w, t, b)
+                    && let Some(ratio) = results::ratio(a, rb)
+                {
+                    out.push(Comparison {
+                        workload: w,
+                        threads: t,
+                        key: key.clone(),
+                        a: values[0].clone(),
+                        b: b.clone(),
+                        ratio_b_over_a: ratio,
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny(workloads: Vec<Workload>) -> Plan {
+        Plan {
+            workloads,
+            threads: vec![1, 2],
+            rounds: 2,
+            round_secs: 0.01,
+            warmup_secs: 0.005,
+            sizes: Sizes::TINY,
+            ..Plan::default()
+        }
+    }
+
+    #[test]
+    fn every_workload_runs_and_the_json_is_complete() {
+        let mut events = 0;
+        let results = run(&tiny(Workload::ALL.to_vec()), &mut |_| events += 1);
+        assert!(events > 10);
+        let json = serde_json::to_value(&results).unwrap();
+        for key in ["machine", "zero_fill_pages_per_sec", "rows", "comparisons"] {
+            assert!(json.get(key).is_some(), "missing {key}");
+        }
+        for key in ["cpu_model", "cores", "kernel", "date"] {
+            assert!(json["machine"].get(key).is_some(), "missing machine.{key}");
+        }
+        assert_eq!(results.skipped.len(), 3);
+        for w in Workload::ALL
+            .into_iter()
+            .filter(|w| w.unsupported().is_none())
+        {
+            for t in [1, 2] {
+                let systems: Vec<&str> = results
+                    .rows
+                    .iter()
+                    .filter(|r| r.workload == w && r.threads == t)
+                    .map(|r| r.system.as_str())
+                    .collect();
+                let want: &[&str] = if w == Workload::ZeroFill {
+                    &["host", "host"]
+                } else {
+                    &["vmfault", "host"]
+                };
+                assert_eq!(systems, want, "{} x{t}", w.name());
+            }
+        }
+        for row in json["rows"].as_array().unwrap() {
+            for key in [
+                "workload",
+                "system",
+                "settings",
+                "threads",
+                "ops_per_sec",
+                "faults_per_sec",
+                "per_fault",
+                "counters",
+                "rounds",
+            ] {
+                assert!(row.get(key).is_some(), "row lacks {key}: {row}");
+            }
+            assert_eq!(row["rounds"].as_array().unwrap().len(), 2);
+            assert!(row.get("error").is_none(), "{row}");
+        }
+        let pf1 = results
+            .rows
+            .iter()
+            .find(|r| r.workload == Workload::PageFault1 && r.system == "vmfault")
+            .unwrap();
+        assert!(
+            pf1.per_fault["map_lock_acquisitions"] > 0.0
+                && pf1.host_ratio.is_some()
+                && pf1.zero_fill_fraction.is_some()
+        );
+    }
+
+    #[test]
+    fn compare_runs_every_value_and_names_the_key() {
+        let mut plan = tiny(vec![Workload::Ebizzy]);
+        plan.compare = Some(("zero_page".into(), vec!["true".into(), "false".into()]));
+        plan.host = false;
+        plan.zero_fill = false;
+        let results = run(&plan, &mut |_| {});
+        assert_eq!(results.rows.len(), 4);
+        assert!(
+            results
+                .rows
+                .iter()
+                .all(|r| r.settings.contains_key("zero_page"))
+        );
+        assert_eq!(results.comparisons.len(), 2);
+        let c = &results.comparisons[0];
+        assert_eq!(
+            (c.key.as_str(), c.a.as_str(), c.b.as_str()),
+            ("zero_page", "true", "false")
+        );
+        assert!(c.ratio_b_over_a.median > 0.0);
+    }
+
+    #[test]
+    fn bad_compare_values_are_reported() {
+        let mut plan = tiny(vec![Workload::Mmap1]);
+        plan.compare = Some(("cpus".into(), vec!["1".into(), "many".into()]));
+        let mut notes = Vec::new();
+        let results = run(&plan, &mut |e| {
+            if let Event::Note(n) = e {
+                notes.push(n)
+            }
+        });
+        assert!(notes.iter().any(|n| n.contains("many")), "{notes:?}");
+        assert!(results.rows.iter().all(|r| r.system == "host"));
+    }
+}

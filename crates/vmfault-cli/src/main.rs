@@ -1,4 +1,150 @@
-//! The `vmfault` command.
-fn main() {
-    println!("vmfault {}", env!("CARGO_PKG_VERSION"));
+//! `vmfault`: measure vmfault's fault path against the host kernel and
+//! against its own baselines (`bench`), print every counter (`stat`), or
+//! watch the per-vCPU counters live (`top`).
+
+#![deny(unsafe_code)]
+
+mod bench;
+mod plot;
+mod stat;
+mod table;
+mod top;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use vmfault::VmConfig;
+use vmfault_bench::Workload;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "vmfault",
+    version,
+    about = "A user-space multiprocessor VM subsystem: benchmarks, counters, live view"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run workloads on vmfault and on the host kernel; print a table, write JSON, CSV and plots.
+    Bench(BenchArgs),
+    /// Run one workload on vmfault and print every counter, like `vmstat -s`.
+    Stat(RunArgs),
+    /// Run one workload on vmfault and watch the per-vCPU counters live, like `systat uvm`.
+    Top(RunArgs),
+}
+
+/// Options shared by every subcommand that builds a `Vm`.
+#[derive(Args, Debug, Clone)]
+struct VmArgs {
+    /// Set a VmConfig knob (repeatable), e.g. `--set zero_page=false`.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+struct BenchArgs {
+    /// Workloads to run (default: page_fault1 pft ebizzy malloc1 mmap1 brk1; `all` for every one).
+    #[arg(value_name = "WORKLOAD")]
+    workloads: Vec<String>,
+    /// Thread (vCPU) counts, comma-separated (default: 1, 2 and twice the host's CPUs).
+    #[arg(long, value_delimiter = ',')]
+    threads: Option<Vec<usize>>,
+    /// Seconds per measured round.
+    #[arg(long)]
+    seconds: Option<f64>,
+    /// Measured rounds per point (interleaved across systems).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Smaller sizes and shorter rounds: a fast look, noisier numbers.
+    #[arg(long)]
+    quick: bool,
+    #[command(flatten)]
+    vm: VmArgs,
+    /// Run every value of one knob in the same run, interleaved, and compare each with the first.
+    #[arg(long, value_name = "KEY=A,B[,C...]")]
+    compare: Option<String>,
+    /// Skip the host-kernel twins.
+    #[arg(long)]
+    no_host: bool,
+    /// Also write the JSON results here.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Also write the CSV results here.
+    #[arg(long, value_name = "FILE")]
+    csv: Option<PathBuf>,
+    /// Also write the thread-scaling plot here (.png or .svg).
+    #[arg(long, value_name = "FILE")]
+    plot: Option<PathBuf>,
+    /// Directory for results.json, results.csv and the plots.
+    #[arg(long, default_value = "bench-results")]
+    out: PathBuf,
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    /// The workload (page_fault1, pft, ebizzy, malloc1, mmap1, brk1).
+    #[arg(value_name = "WORKLOAD")]
+    workload: Option<String>,
+    /// Threads (vCPUs).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// How long to run, seconds.
+    #[arg(long)]
+    seconds: Option<f64>,
+    /// Smaller sizes.
+    #[arg(long)]
+    quick: bool,
+    #[command(flatten)]
+    vm: VmArgs,
+}
+
+/// Parse `--set` pairs onto a config; returns the pairs too.
+fn apply_sets(cfg: &mut VmConfig, sets: &[String]) -> Result<Vec<(String, String)>, String> {
+    sets.iter()
+        .map(|s| {
+            let (k, v) = s
+                .split_once('=')
+                .ok_or_else(|| format!("--set {s}: expected KEY=VALUE"))?;
+            cfg.set(k.trim(), v.trim())
+                .map_err(|e| format!("--set {s}: {e}"))?;
+            Ok((k.trim().to_string(), v.trim().to_string()))
+        })
+        .collect()
+}
+
+/// The workload named `name`, runnable on vmfault.
+fn runnable_workload(name: Option<&str>, default: Workload) -> Result<Workload, String> {
+    let w = match name {
+        None => default,
+        Some(n) => Workload::from_name(n)
+            .ok_or_else(|| format!("unknown workload {n:?} (try `vmfault bench --help`)"))?,
+    };
+    match w.unsupported() {
+        Some(reason) => Err(format!("{}: {reason}", w.name())),
+        None if w == Workload::ZeroFill => {
+            Err("zero_fill does not run on vmfault (it is the host's limit)".into())
+        }
+        None => Ok(w),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Bench(a) => bench::run(a),
+        Command::Stat(a) => stat::run(a),
+        Command::Top(a) => top::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("vmfault: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }

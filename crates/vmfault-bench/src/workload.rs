@@ -1,0 +1,217 @@
+//! The workloads: what each one does, in what unit it counts, and how big
+//! it is.
+
+use serde::{Deserialize, Serialize};
+
+/// A benchmark workload. Each has a vmfault version (through the
+/// `AddressSpace` API, one vCPU per thread) and, where the host can run it,
+/// a host-kernel twin with the same parameters (real `mmap`/`munmap`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Workload {
+    /// will-it-scale `page_fault1`: map 128 MiB private anonymous, write
+    /// one byte per page, unmap; one op = one page fault.
+    #[serde(rename = "page_fault1")]
+    PageFault1,
+    /// will-it-scale `page_fault2`: private mapping of a 128 MiB file
+    /// (copy-on-write faults).
+    #[serde(rename = "page_fault2")]
+    PageFault2,
+    /// will-it-scale `page_fault3`: shared mapping of a 128 MiB file.
+    #[serde(rename = "page_fault3")]
+    PageFault3,
+    /// will-it-scale `malloc1`: map 128 MiB, touch one byte, unmap.
+    #[serde(rename = "malloc1")]
+    Malloc1,
+    /// will-it-scale `mmap1`: map and unmap 128 MiB, untouched.
+    #[serde(rename = "mmap1")]
+    Mmap1,
+    /// `brk1`-like: grow a mapping by one page and shrink it back (two ops).
+    #[serde(rename = "brk1")]
+    Brk1,
+    /// mmtests `pft`: one private region, each thread faults its share once.
+    Pft,
+    /// `ebizzy -mT`: map 512 KiB, write one byte per page, unmap; one op = one record.
+    Ebizzy,
+    /// The seed's `mlock` loop: mlock/munlock a 64 KiB range.
+    #[serde(rename = "mlock1")]
+    Mlock1,
+    /// The zero-fill limit: zeroing 4 KiB pages of the same footprint.
+    ZeroFill,
+}
+
+/// Sizes of the workloads (the defaults are the originals').
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Sizes {
+    /// Mapping size of page_fault1/malloc1/mmap1 and the zero-fill buffer, per thread.
+    pub region: u64,
+    /// pft's region, shared by all threads.
+    pub pft_region: u64,
+    /// ebizzy's record size.
+    pub ebizzy_chunk: u64,
+}
+
+impl Sizes {
+    /// The originals' sizes: 128 MiB, 256 MiB, 512 KiB.
+    pub const FULL: Sizes = Sizes {
+        region: 128 << 20,
+        pft_region: 256 << 20,
+        ebizzy_chunk: 512 << 10,
+    };
+    /// Smaller sizes for `--quick` runs and tests.
+    pub const QUICK: Sizes = Sizes {
+        region: 16 << 20,
+        pft_region: 32 << 20,
+        ebizzy_chunk: 512 << 10,
+    };
+    /// Tiny sizes, for tests that only check that everything runs.
+    pub const TINY: Sizes = Sizes {
+        region: 256 << 10,
+        pft_region: 512 << 10,
+        ebizzy_chunk: 64 << 10,
+    };
+}
+
+impl Workload {
+    /// Every workload, in display order.
+    pub const ALL: [Workload; 10] = [
+        Workload::PageFault1,
+        Workload::PageFault2,
+        Workload::PageFault3,
+        Workload::Malloc1,
+        Workload::Mmap1,
+        Workload::Brk1,
+        Workload::Pft,
+        Workload::Ebizzy,
+        Workload::Mlock1,
+        Workload::ZeroFill,
+    ];
+
+    /// What `vmfault bench` runs without arguments.
+    pub const DEFAULT_SUITE: [Workload; 6] = [
+        Workload::PageFault1,
+        Workload::Pft,
+        Workload::Ebizzy,
+        Workload::Malloc1,
+        Workload::Mmap1,
+        Workload::Brk1,
+    ];
+
+    /// The name used on the command line and in results.
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::PageFault1 => "page_fault1",
+            Workload::PageFault2 => "page_fault2",
+            Workload::PageFault3 => "page_fault3",
+            Workload::Malloc1 => "malloc1",
+            Workload::Mmap1 => "mmap1",
+            Workload::Brk1 => "brk1",
+            Workload::Pft => "pft",
+            Workload::Ebizzy => "ebizzy",
+            Workload::Mlock1 => "mlock1",
+            Workload::ZeroFill => "zero_fill",
+        }
+    }
+
+    /// The workload with this name.
+    pub fn from_name(name: &str) -> Option<Workload> {
+        Workload::ALL.into_iter().find(|w| w.name() == name)
+    }
+
+    /// One line about what it does.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Workload::PageFault1 => {
+                "map 128 MiB private anonymous, write one byte per page, unmap (op = fault)"
+            }
+            Workload::PageFault2 => {
+                "private mapping of a 128 MiB file, write one byte per page (copy-on-write faults)"
+            }
+            Workload::PageFault3 => "shared mapping of a 128 MiB file, write one byte per page",
+            Workload::Malloc1 => "map 128 MiB, touch one byte, unmap (op = loop)",
+            Workload::Mmap1 => "map and unmap 128 MiB, untouched (op = loop)",
+            Workload::Brk1 => "grow a mapping by one page and shrink it back (op = grow or shrink)",
+            Workload::Pft => "one private region, each thread faults its share once (op = fault)",
+            Workload::Ebizzy => {
+                "ebizzy -mT: map 512 KiB, write one byte per page, unmap (op = record)"
+            }
+            Workload::Mlock1 => "mlock and munlock 64 KiB in a loop (op = mlock+munlock)",
+            Workload::ZeroFill => {
+                "zero 4 KiB pages of the same footprint (op = page): the zero-fill limit"
+            }
+        }
+    }
+
+    /// Why vmfault cannot run it yet, if it cannot.
+    pub fn unsupported(self) -> Option<&'static str> {
+        match self {
+            Workload::PageFault2 | Workload::PageFault3 => Some(
+                "not yet supported: needs file mappings (issue: VM objects, fork and file mappings)",
+            ),
+            Workload::Mlock1 => Some(
+                "not yet supported: needs mlock and page wiring (issue: reference counting and reclaim)",
+            ),
+            _ => None,
+        }
+    }
+
+    /// The unit of one op.
+    pub fn op_unit(self) -> &'static str {
+        match self {
+            Workload::PageFault1 | Workload::PageFault2 | Workload::PageFault3 | Workload::Pft => {
+                "faults"
+            }
+            Workload::Ebizzy => "records",
+            Workload::ZeroFill => "pages",
+            _ => "ops",
+        }
+    }
+
+    /// Bytes of vmfault physical memory one thread needs at most.
+    pub fn footprint_per_thread(self, sizes: &Sizes) -> u64 {
+        match self {
+            Workload::PageFault1 | Workload::PageFault2 | Workload::PageFault3 => sizes.region,
+            Workload::Malloc1
+            | Workload::Mmap1
+            | Workload::Brk1
+            | Workload::Mlock1
+            | Workload::ZeroFill => 1 << 20,
+            Workload::Pft => 0,
+            Workload::Ebizzy => sizes.ebizzy_chunk,
+        }
+    }
+
+    /// Bytes one thread cycles through: the footprint of its zero-fill limit
+    /// (a 512 KiB ebizzy record stays in cache; a 128 MiB region does not).
+    pub fn zero_fill_footprint(self, sizes: &Sizes) -> u64 {
+        if self == Workload::Ebizzy {
+            sizes.ebizzy_chunk
+        } else {
+            sizes.region
+        }
+    }
+
+    /// Bytes of vmfault physical memory shared by all threads.
+    pub fn footprint_shared(self, sizes: &Sizes) -> u64 {
+        if self == Workload::Pft {
+            sizes.pft_region
+        } else {
+            0
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for w in Workload::ALL {
+            assert_eq!(Workload::from_name(w.name()), Some(w));
+            let json = serde_json::to_string(&w).unwrap();
+            assert_eq!(json, format!("\"{}\"", w.name()));
+        }
+        assert_eq!(Workload::from_name("nope"), None);
+    }
+}

@@ -1,0 +1,227 @@
+//! The text table `vmfault bench` prints.
+
+use std::fmt::Write;
+
+use vmfault_bench::{Plan, Results, Row, Workload};
+
+/// A size in KiB, MiB or GiB.
+pub(crate) fn bytes(b: u64) -> String {
+    match b {
+        b if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{} GiB", b >> 30),
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
+        b => format!("{} KiB", b >> 10),
+    }
+}
+
+/// 3 significant digits with a k/M/G suffix.
+pub(crate) fn human(v: f64) -> String {
+    let (v, s) = if v >= 1e9 {
+        (v / 1e9, "G")
+    } else if v >= 1e6 {
+        (v / 1e6, "M")
+    } else if v >= 1e3 {
+        (v / 1e3, "k")
+    } else {
+        (v, "")
+    };
+    if v >= 100.0 {
+        format!("{v:.0}{s}")
+    } else if v >= 10.0 {
+        format!("{v:.1}{s}")
+    } else {
+        format!("{v:.2}{s}")
+    }
+}
+
+fn system(r: &Row) -> String {
+    let s: Vec<String> = r.settings.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    if s.is_empty() {
+        r.system.clone()
+    } else {
+        format!("{} {}", r.system, s.join(" "))
+    }
+}
+
+fn opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
+    v.map_or_else(|| "-".into(), f)
+}
+
+/// The whole report: the table, the comparisons, the notes.
+pub(crate) fn render(results: &Results, plan: &Plan) -> String {
+    let mut out = String::new();
+    let m = &results.machine;
+    let _ = writeln!(
+        out,
+        "vmfault bench on {} ({} CPUs, Linux {}), {}",
+        m.cpu_model, m.cores, m.kernel, m.date
+    );
+    let _ = writeln!(
+        out,
+        "{} rounds of {:.2} s per point, interleaved across systems; medians, with the min..max of the rounds",
+        plan.rounds, plan.round_secs
+    );
+    if let Some(z) = results.zero_fill_pages_per_sec {
+        let _ = writeln!(
+            out,
+            "zero-fill limit: {} pages/s on one thread over {} ({} MB/s); \"of zero-fill\" compares faults/s with it",
+            human(z),
+            bytes(plan.sizes.region),
+            human(z * 4096.0 / 1e6)
+        );
+    }
+    out.push('\n');
+    let header = [
+        "workload",
+        "system",
+        "thr",
+        "ops/s",
+        "min..max",
+        "ops/s/thr",
+        "faults/s",
+        "scaling",
+        "vs host",
+        "of zero-fill",
+        "glock/flt",
+        "maplock/flt",
+        "pte-wait/flt",
+    ];
+    let mut lines: Vec<Vec<String>> = vec![header.iter().map(|s| s.to_string()).collect()];
+    for r in results
+        .rows
+        .iter()
+        .filter(|r| r.workload != Workload::ZeroFill)
+    {
+        let pf = |k: &str| {
+            r.per_fault
+                .get(k)
+                .map_or("-".to_string(), |v| format!("{v:.3}"))
+        };
+        lines.push(vec![
+            r.workload.name().into(),
+            system(r),
+            r.threads.to_string(),
+            human(r.ops_per_sec),
+            format!(
+                "{}..{}",
+                human(r.ops_per_sec_spread.min),
+                human(r.ops_per_sec_spread.max)
+            ),
+            human(r.ops_per_thread_per_sec),
+            if r.faults_per_sec > 0.0 {
+                human(r.faults_per_sec)
+            } else {
+                "-".into()
+            },
+            opt(r.scaling, |v| format!("{v:.2}x")),
+            opt(r.host_ratio.map(|s| s.median), |v| format!("{v:.2}x")),
+            opt(r.zero_fill_fraction, |v| format!("{:.0}%", v * 100.0)),
+            pf("global_lock_acquisitions"),
+            pf("map_lock_acquisitions"),
+            pf("pte_lock_contended"),
+        ]);
+        if let Some(e) = &r.error {
+            lines.push(vec![String::new(), format!("  error: {e}")]);
+        }
+    }
+    out.push_str(&columns(&lines));
+    let mut footprints: Vec<u64> = results
+        .rows
+        .iter()
+        .filter_map(|r| r.footprint_bytes)
+        .collect();
+    footprints.sort_unstable_by(|a, b| b.cmp(a));
+    footprints.dedup();
+    for f in footprints {
+        let zf: Vec<String> = results
+            .rows
+            .iter()
+            .filter(|r| r.footprint_bytes == Some(f))
+            .map(|r| format!("x{} {}", r.threads, human(r.ops_per_sec)))
+            .collect();
+        let _ = writeln!(
+            out,
+            "\nzero-fill limit over {} per thread, pages/s: {}",
+            bytes(f),
+            zf.join(", ")
+        );
+    }
+    if !results.comparisons.is_empty() {
+        let _ = writeln!(
+            out,
+            "\ncomparisons (ops/s of b over a, round by round: median [min, max]):"
+        );
+        let mut lines = vec![
+            ["workload", "thr", "knob", "a", "b", "ratio", "[min, max]"]
+                .map(String::from)
+                .to_vec(),
+        ];
+        for c in &results.comparisons {
+            let r = c.ratio_b_over_a;
+            lines.push(vec![
+                c.workload.name().into(),
+                c.threads.to_string(),
+                c.key.clone(),
+                c.a.clone(),
+                c.b.clone(),
+                format!("{:.3}", r.median),
+                format!("[{:.3}, {:.3}]", r.min, r.max),
+            ]);
+        }
+        out.push_str(&columns(&lines));
+    }
+    for s in &results.skipped {
+        let _ = writeln!(out, "{}: {}", s.workload.name(), s.reason);
+    }
+    out
+}
+
+/// Left-aligned columns separated by two spaces.
+fn columns(lines: &[Vec<String>]) -> String {
+    let n = lines.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..n)
+        .map(|i| {
+            lines
+                .iter()
+                .filter(|l| l.len() == n)
+                .filter_map(|l| l.get(i))
+                .map(|s| s.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for l in lines {
+        let cells: Vec<String> = if l.len() == n {
+            l.iter()
+                .zip(&widths)
+                .map(|(c, w)| format!("{c:<w$}"))
+                .collect()
+        } else {
+            l.clone()
+        };
+        let _ = writeln!(out, "{}", cells.join("  ").trim_end());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn human_numbers() {
+        assert_eq!(human(2_310_000.0), "2.31M");
+        assert_eq!(human(470_755.0), "471k");
+        assert_eq!(human(12.5), "12.5");
+        assert_eq!(human(0.5), "0.50");
+    }
+
+    #[test]
+    fn columns_align() {
+        let t = columns(&[
+            vec!["a".into(), "bb".into()],
+            vec!["ccc".into(), "d".into()],
+        ]);
+        assert_eq!(t, "a    bb\nccc  d\n");
+    }
+}
