@@ -47,10 +47,7 @@ impl RoundResult {
 }
 
 fn thread_cpu_seconds() -> f64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: valid pointer to a timespec.
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
@@ -80,13 +77,8 @@ fn counter_delta(before: &Option<Stats>, after: &Option<Stats>) -> BTreeMap<Stri
     let (Some(b), Some(a)) = (before, after) else {
         return BTreeMap::new();
     };
-    let names = Counter::ALL
-        .iter()
-        .map(|c| c.name())
-        .chain(["global_lock_acquisitions"]);
-    names
-        .map(|n| (n.to_string(), a.get(n).unwrap_or(0) - b.get(n).unwrap_or(0)))
-        .collect()
+    let names = Counter::ALL.iter().map(|c| c.name()).chain(["global_lock_acquisitions"]);
+    names.map(|n| (n.to_string(), a.get(n).unwrap_or(0) - b.get(n).unwrap_or(0))).collect()
 }
 
 /// One round of `w` on `target` with `threads` workers for `secs` seconds.
@@ -148,22 +140,10 @@ pub fn round_until<T: Target>(
         sleep_unless(secs, cancel);
         stop.store(true, Ordering::Relaxed);
         let seconds = t0.elapsed().as_secs_f64();
-        (
-            seconds,
-            workers
-                .into_iter()
-                .map(|h| h.join().expect("worker panicked"))
-                .collect::<Vec<_>>(),
-        )
+        (seconds, workers.into_iter().map(|h| h.join().expect("worker panicked")).collect::<Vec<_>>())
     });
     let after = target.stats();
-    let mut r = RoundResult {
-        ops: 0,
-        faults: 0,
-        seconds,
-        cpu_seconds: 0.0,
-        counters: counter_delta(&before, &after),
-    };
+    let mut r = RoundResult { ops: 0, faults: 0, seconds, cpu_seconds: 0.0, counters: counter_delta(&before, &after) };
     for (ops, cpu, minflt) in per_thread {
         r.ops += ops?;
         r.cpu_seconds += cpu;
@@ -207,10 +187,7 @@ fn pft_round<T: Target>(
                     pin(i);
                     let _cpu = target.enter_thread();
                     let (mut cpu, mut minflt, mut err) = (0.0, 0, None);
-                    let (first, last) = (
-                        pages * i as u64 / threads as u64,
-                        pages * (i as u64 + 1) / threads as u64,
-                    );
+                    let (first, last) = (pages * i as u64 / threads as u64, pages * (i as u64 + 1) / threads as u64);
                     loop {
                         go.wait();
                         if stop.load(Ordering::Relaxed) {
@@ -251,10 +228,7 @@ fn pft_round<T: Target>(
         }
         stop.store(true, Ordering::Relaxed);
         go.wait();
-        workers
-            .into_iter()
-            .map(|h| h.join().expect("worker panicked"))
-            .collect::<Vec<_>>()
+        workers.into_iter().map(|h| h.join().expect("worker panicked")).collect::<Vec<_>>()
     });
     if let Some(e) = failure {
         return Err(e);
@@ -288,36 +262,19 @@ mod tests {
 
     #[test]
     fn every_runnable_workload_runs_on_both_targets() {
-        let vm = Vm::new(VmConfig {
-            phys_bytes: 32 << 20,
-            cpus: 2,
-            prefault: false,
-            ..VmConfig::default()
-        })
-        .unwrap();
-        for w in Workload::ALL
-            .into_iter()
-            .filter(|w| w.unsupported().is_none())
-        {
+        let vm = Vm::new(VmConfig { phys_bytes: 32 << 20, cpus: 2, prefault: false, ..VmConfig::default() }).unwrap();
+        for w in Workload::ALL.into_iter().filter(|w| w.unsupported().is_none()) {
             let vmt = VmTarget::new(&vm).unwrap();
             let r = round(w, &vmt, 2, 0.02, &Sizes::TINY).unwrap();
             assert!(r.ops > 0, "{} did nothing on vmfault", w.name());
             let h = round(w, &HostTarget, 2, 0.02, &Sizes::TINY).unwrap();
             assert!(h.ops > 0, "{} did nothing on the host", w.name());
             if matches!(w, Workload::PageFault1 | Workload::Pft | Workload::Ebizzy) {
-                assert!(
-                    r.faults > 0 && h.faults > 0,
-                    "{}: no faults counted",
-                    w.name()
-                );
+                assert!(r.faults > 0 && h.faults > 0, "{}: no faults counted", w.name());
                 assert!(r.counters["map_lock_acquisitions"] > 0);
             }
             // Everything unmapped after the round.
-            assert!(
-                vmt.space().mappings().is_empty(),
-                "{} left mappings",
-                w.name()
-            );
+            assert!(vmt.space().mappings().is_empty(), "{} left mappings", w.name());
         }
     }
 }

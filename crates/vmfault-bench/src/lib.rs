@@ -128,21 +128,14 @@ impl Plan {
         if self.zero_fill {
             all.push(Workload::ZeroFill);
         }
-        size_vm(
-            &mut base,
-            &all,
-            self.max_threads(),
-            &self.sizes,
-            &self.user_settings,
-        );
+        size_vm(&mut base, &all, self.max_threads(), &self.sizes, &self.user_settings);
         match &self.compare {
             None => Ok(vec![(base, self.user_settings.clone())]),
             Some((key, values)) => values
                 .iter()
                 .map(|v| {
                     let mut cfg = base.clone();
-                    cfg.set(key, v)
-                        .map_err(|e| format!("--compare {key}={v}: {e}"))?;
+                    cfg.set(key, v).map_err(|e| format!("--compare {key}={v}: {e}"))?;
                     let mut settings = self.user_settings.clone();
                     settings.insert(key.clone(), v.clone());
                     Ok((cfg, settings))
@@ -177,11 +170,7 @@ pub fn size_vm(
 
 fn label(settings: &BTreeMap<String, String>) -> String {
     let s: Vec<String> = settings.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    if s.is_empty() {
-        "vmfault".into()
-    } else {
-        format!("vmfault {}", s.join(" "))
-    }
+    if s.is_empty() { "vmfault".into() } else { format!("vmfault {}", s.join(" ")) }
 }
 
 /// Execute `plan`, reporting progress to `observe`.
@@ -194,26 +183,15 @@ pub fn run(plan: &Plan, observe: &mut dyn FnMut(Event)) -> Results {
         Ok(cfgs) => {
             for (cfg, settings) in cfgs {
                 match Vm::new(cfg) {
-                    Ok(vm) => systems.push(System {
-                        label: label(&settings),
-                        settings,
-                        vm: Some(vm),
-                    }),
-                    Err(e) => observe(Event::Note(format!(
-                        "{}: cannot build the Vm: {e}",
-                        label(&settings)
-                    ))),
+                    Ok(vm) => systems.push(System { label: label(&settings), settings, vm: Some(vm) }),
+                    Err(e) => observe(Event::Note(format!("{}: cannot build the Vm: {e}", label(&settings)))),
                 }
             }
         }
         Err(e) => observe(Event::Note(e)),
     }
     if plan.host {
-        systems.push(System {
-            label: "host".into(),
-            settings: BTreeMap::new(),
-            vm: None,
-        });
+        systems.push(System { label: "host".into(), settings: BTreeMap::new(), vm: None });
     }
     let runnable: Vec<Workload> = plan
         .workloads
@@ -222,20 +200,14 @@ pub fn run(plan: &Plan, observe: &mut dyn FnMut(Event)) -> Results {
         .filter(|w| match w.unsupported() {
             Some(reason) => {
                 observe(Event::Note(format!("{}: {reason}", w.name())));
-                skipped.push(results::Skipped {
-                    workload: *w,
-                    reason: reason.into(),
-                });
+                skipped.push(results::Skipped { workload: *w, reason: reason.into() });
                 false
             }
             None => *w != Workload::ZeroFill,
         })
         .collect();
     let per_point = plan.rounds + usize::from(plan.warmup_secs > 0.0);
-    let mut footprints: Vec<u64> = runnable
-        .iter()
-        .map(|w| w.zero_fill_footprint(&plan.sizes))
-        .collect();
+    let mut footprints: Vec<u64> = runnable.iter().map(|w| w.zero_fill_footprint(&plan.sizes)).collect();
     footprints.push(plan.sizes.region);
     footprints.sort_unstable_by(|a, b| b.cmp(a));
     footprints.dedup();
@@ -243,20 +215,11 @@ pub fn run(plan: &Plan, observe: &mut dyn FnMut(Event)) -> Results {
         footprints.clear();
     }
     let zf = footprints.len() * plan.threads.len() * per_point;
-    observe(Event::Planned {
-        rounds: runnable.len() * plan.threads.len() * systems.len() * per_point + zf,
-    });
+    observe(Event::Planned { rounds: runnable.len() * plan.threads.len() * systems.len() * per_point + zf });
 
-    let host = [System {
-        label: "host".into(),
-        settings: BTreeMap::new(),
-        vm: None,
-    }];
+    let host = [System { label: "host".into(), settings: BTreeMap::new(), vm: None }];
     for &bytes in &footprints {
-        let sizes = Sizes {
-            region: bytes,
-            ..plan.sizes
-        };
+        let sizes = Sizes { region: bytes, ..plan.sizes };
         for &t in &plan.threads {
             for mut row in measure_point(plan, &sizes, Workload::ZeroFill, t, &host, observe) {
                 row.footprint_bytes = Some(bytes);
@@ -273,36 +236,16 @@ pub fn run(plan: &Plan, observe: &mut dyn FnMut(Event)) -> Results {
     let comparisons = compare(plan, &rows);
     let zero_fill_pages_per_sec = rows
         .iter()
-        .find(|r| {
-            r.workload == Workload::ZeroFill
-                && r.threads == 1
-                && r.footprint_bytes == Some(plan.sizes.region)
-        })
+        .find(|r| r.workload == Workload::ZeroFill && r.threads == 1 && r.footprint_bytes == Some(plan.sizes.region))
         .map(|r| r.ops_per_sec);
     let mut plan_info = BTreeMap::new();
     plan_info.insert("threads".to_string(), serde_json::json!(plan.threads));
     plan_info.insert("rounds".to_string(), serde_json::json!(plan.rounds));
     plan_info.insert("round_secs".to_string(), serde_json::json!(plan.round_secs));
-    plan_info.insert(
-        "warmup_secs".to_string(),
-        serde_json::json!(plan.warmup_secs),
-    );
+    plan_info.insert("warmup_secs".to_string(), serde_json::json!(plan.warmup_secs));
     plan_info.insert("sizes".to_string(), serde_json::json!(plan.sizes));
-    let config = plan
-        .base
-        .knobs()
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect();
-    Results {
-        machine,
-        config,
-        plan: plan_info,
-        zero_fill_pages_per_sec,
-        rows,
-        comparisons,
-        skipped,
-    }
+    let config = plan.base.knobs().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+    Results { machine, config, plan: plan_info, zero_fill_pages_per_sec, rows, comparisons, skipped }
 }
 
 /// Warm up, then run interleaved rounds of every system at one point.
@@ -316,9 +259,7 @@ fn measure_point(
 ) -> Vec<Row> {
     let mut rounds: Vec<Vec<RoundResult>> = vec![Vec::new(); systems.len()];
     let mut errors: Vec<Option<String>> = vec![None; systems.len()];
-    let passes = (0..usize::from(plan.warmup_secs > 0.0))
-        .map(|_| true)
-        .chain((0..plan.rounds).map(|_| false));
+    let passes = (0..usize::from(plan.warmup_secs > 0.0)).map(|_| true).chain((0..plan.rounds).map(|_| false));
     for (pass, warmup) in passes.enumerate() {
         // Rotate the order every pass, so that no system always runs right
         // after the same other one (caches, TLBs and frequency carry over).
@@ -331,35 +272,21 @@ fn measure_point(
                 s.label.clone()
             };
             observe(Event::Round {
-                label: format!(
-                    "{} x{threads} {name}{}",
-                    w.name(),
-                    if warmup { " (warm-up)" } else { "" }
-                ),
+                label: format!("{} x{threads} {name}{}", w.name(), if warmup { " (warm-up)" } else { "" }),
             });
             if errors[i].is_some() {
                 continue;
             }
-            let secs = if warmup {
-                plan.warmup_secs
-            } else {
-                plan.round_secs
-            };
+            let secs = if warmup { plan.warmup_secs } else { plan.round_secs };
             let r = match &s.vm {
-                Some(vm) => {
-                    VmTarget::new(vm).and_then(|t| harness::round(w, &t, threads, secs, sizes))
-                }
+                Some(vm) => VmTarget::new(vm).and_then(|t| harness::round(w, &t, threads, secs, sizes)),
                 None => harness::round(w, &HostTarget, threads, secs, sizes),
             };
             match r {
                 Ok(r) if !warmup => rounds[i].push(r),
                 Ok(_) => {}
                 Err(e) => {
-                    observe(Event::Note(format!(
-                        "{} x{threads} {}: {e}",
-                        w.name(),
-                        s.label
-                    )));
+                    observe(Event::Note(format!("{} x{threads} {}: {e}", w.name(), s.label)));
                     errors[i] = Some(e);
                 }
             }
@@ -390,12 +317,7 @@ fn compare(plan: &Plan, rows: &[Row]) -> Vec<Comparison> {
                 && r.settings.get(key).map(String::as_str) == Some(v)
         })
     };
-    for w in plan
-        .workloads
-        .iter()
-        .copied()
-        .filter(|w| w.unsupported().is_none() && *w != Workload::ZeroFill)
-    {
+    for w in plan.workloads.iter().copied().filter(|w| w.unsupported().is_none() && *w != Workload::ZeroFill) {
         for &t in &plan.threads {
             let Some(a) = find(w, t, &values[0]) else {
                 continue;
@@ -448,10 +370,7 @@ mod tests {
             assert!(json["machine"].get(key).is_some(), "missing machine.{key}");
         }
         assert_eq!(results.skipped.len(), 3);
-        for w in Workload::ALL
-            .into_iter()
-            .filter(|w| w.unsupported().is_none())
-        {
+        for w in Workload::ALL.into_iter().filter(|w| w.unsupported().is_none()) {
             for t in [1, 2] {
                 let systems: Vec<&str> = results
                     .rows
@@ -459,11 +378,7 @@ mod tests {
                     .filter(|r| r.workload == w && r.threads == t)
                     .map(|r| r.system.as_str())
                     .collect();
-                let want: &[&str] = if w == Workload::ZeroFill {
-                    &["host", "host"]
-                } else {
-                    &["vmfault", "host"]
-                };
+                let want: &[&str] = if w == Workload::ZeroFill { &["host", "host"] } else { &["vmfault", "host"] };
                 assert_eq!(systems, want, "{} x{t}", w.name());
             }
         }
@@ -484,11 +399,7 @@ mod tests {
             assert_eq!(row["rounds"].as_array().unwrap().len(), 2);
             assert!(row.get("error").is_none(), "{row}");
         }
-        let pf1 = results
-            .rows
-            .iter()
-            .find(|r| r.workload == Workload::PageFault1 && r.system == "vmfault")
-            .unwrap();
+        let pf1 = results.rows.iter().find(|r| r.workload == Workload::PageFault1 && r.system == "vmfault").unwrap();
         assert!(
             pf1.per_fault["map_lock_acquisitions"] > 0.0
                 && pf1.host_ratio.is_some()
@@ -504,18 +415,10 @@ mod tests {
         plan.zero_fill = false;
         let results = run(&plan, &mut |_| {});
         assert_eq!(results.rows.len(), 4);
-        assert!(
-            results
-                .rows
-                .iter()
-                .all(|r| r.settings.contains_key("zero_page"))
-        );
+        assert!(results.rows.iter().all(|r| r.settings.contains_key("zero_page")));
         assert_eq!(results.comparisons.len(), 2);
         let c = &results.comparisons[0];
-        assert_eq!(
-            (c.key.as_str(), c.a.as_str(), c.b.as_str()),
-            ("zero_page", "true", "false")
-        );
+        assert_eq!((c.key.as_str(), c.a.as_str(), c.b.as_str()), ("zero_page", "true", "false"));
         assert!(c.ratio_b_over_a.median > 0.0);
     }
 

@@ -26,9 +26,7 @@ pub(crate) struct Scratch {
 /// Make `w`'s per-thread state.
 pub(crate) fn prepare(w: Workload, sizes: &Sizes) -> Scratch {
     match w {
-        Workload::ZeroFill => Scratch {
-            buf: vec![1u8; sizes.region as usize],
-        },
+        Workload::ZeroFill => Scratch { buf: vec![1u8; sizes.region as usize] },
         _ => Scratch::default(),
     }
 }

@@ -44,9 +44,7 @@ impl Machine {
         // SAFETY: valid pointer.
         let kernel = if unsafe { libc::uname(&mut u) } == 0 {
             // SAFETY: uname NUL-terminates `release`.
-            unsafe { std::ffi::CStr::from_ptr(u.release.as_ptr()) }
-                .to_string_lossy()
-                .into_owned()
+            unsafe { std::ffi::CStr::from_ptr(u.release.as_ptr()) }.to_string_lossy().into_owned()
         } else {
             "unknown".into()
         };
@@ -79,16 +77,8 @@ impl Spread {
         let mut v = values.to_vec();
         v.sort_by(f64::total_cmp);
         let n = v.len();
-        let median = if n % 2 == 1 {
-            v[n / 2]
-        } else {
-            (v[n / 2 - 1] + v[n / 2]) / 2.0
-        };
-        Some(Spread {
-            min: v[0],
-            median,
-            max: v[n - 1],
-        })
+        let median = if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 };
+        Some(Spread { min: v[0], median, max: v[n - 1] })
     }
 }
 
@@ -189,17 +179,10 @@ pub(crate) fn row(
     error: Option<String>,
 ) -> Row {
     let ops: Vec<f64> = rounds.iter().map(|r| r.ops_per_sec()).collect();
-    let spread = Spread::of(&ops).unwrap_or(Spread {
-        min: 0.0,
-        median: 0.0,
-        max: 0.0,
-    });
+    let spread = Spread::of(&ops).unwrap_or(Spread { min: 0.0, median: 0.0, max: 0.0 });
     let fps: Vec<f64> = rounds.iter().map(|r| r.faults_per_sec()).collect();
-    let fpc: Vec<f64> = rounds
-        .iter()
-        .filter(|r| r.cpu_seconds > 0.0)
-        .map(|r| r.faults as f64 / r.cpu_seconds)
-        .collect();
+    let fpc: Vec<f64> =
+        rounds.iter().filter(|r| r.cpu_seconds > 0.0).map(|r| r.faults as f64 / r.cpu_seconds).collect();
     let mut counters: BTreeMap<String, u64> = BTreeMap::new();
     for r in &rounds {
         for (k, v) in &r.counters {
@@ -277,9 +260,8 @@ pub(crate) fn derive(rows: &mut [Row], sizes: &crate::Sizes) {
             row.zero_fill_fraction = Some(row.faults_per_sec / z.ops_per_sec);
         }
         if row.system == "vmfault"
-            && let Some(h) = snapshot.iter().find(|r| {
-                r.workload == row.workload && r.threads == row.threads && r.system == "host"
-            })
+            && let Some(h) =
+                snapshot.iter().find(|r| r.workload == row.workload && r.threads == row.threads && r.system == "host")
         {
             row.host_ratio = ratio(h, row);
         }
@@ -287,12 +269,8 @@ pub(crate) fn derive(rows: &mut [Row], sizes: &crate::Sizes) {
 }
 
 /// Per-fault counters worth a CSV column (and a table column when non-zero).
-pub const PER_FAULT_COLUMNS: [&str; 4] = [
-    "global_lock_acquisitions",
-    "map_lock_acquisitions",
-    "pte_lock_contended",
-    "tlb_shootdowns",
-];
+pub const PER_FAULT_COLUMNS: [&str; 4] =
+    ["global_lock_acquisitions", "map_lock_acquisitions", "pte_lock_contended", "tlb_shootdowns"];
 
 impl Results {
     /// Write the JSON file.
@@ -326,8 +304,7 @@ impl Results {
         w.write_record(&header)?;
         let opt = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.4}"));
         for r in &self.rows {
-            let settings: Vec<String> =
-                r.settings.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            let settings: Vec<String> = r.settings.iter().map(|(k, v)| format!("{k}={v}")).collect();
             let mut rec = vec![
                 r.workload.name().to_string(),
                 r.system.clone(),
@@ -343,11 +320,9 @@ impl Results {
                 opt(r.zero_fill_fraction),
                 opt(r.host_ratio.map(|s| s.median)),
             ];
-            rec.extend(PER_FAULT_COLUMNS.iter().map(|c| {
-                r.per_fault
-                    .get(*c)
-                    .map_or(String::new(), |v| format!("{v:.4}"))
-            }));
+            rec.extend(
+                PER_FAULT_COLUMNS.iter().map(|c| r.per_fault.get(*c).map_or(String::new(), |v| format!("{v:.4}"))),
+            );
             w.write_record(&rec)?;
         }
         w.flush()
@@ -359,13 +334,7 @@ mod tests {
     use super::*;
 
     fn rr(ops: u64, secs: f64) -> RoundResult {
-        RoundResult {
-            ops,
-            faults: ops,
-            seconds: secs,
-            cpu_seconds: secs,
-            counters: BTreeMap::new(),
-        }
+        RoundResult { ops, faults: ops, seconds: secs, cpu_seconds: secs, counters: BTreeMap::new() }
     }
 
     #[test]
@@ -373,22 +342,8 @@ mod tests {
         let s = Spread::of(&[3.0, 1.0, 2.0, 10.0]).unwrap();
         assert_eq!((s.min, s.median, s.max), (1.0, 2.5, 10.0));
         assert!(Spread::of(&[]).is_none());
-        let a = row(
-            Workload::Pft,
-            "vmfault",
-            &BTreeMap::new(),
-            1,
-            vec![rr(100, 1.0), rr(200, 1.0)],
-            None,
-        );
-        let b = row(
-            Workload::Pft,
-            "vmfault",
-            &BTreeMap::new(),
-            1,
-            vec![rr(150, 1.0), rr(200, 1.0)],
-            None,
-        );
+        let a = row(Workload::Pft, "vmfault", &BTreeMap::new(), 1, vec![rr(100, 1.0), rr(200, 1.0)], None);
+        let b = row(Workload::Pft, "vmfault", &BTreeMap::new(), 1, vec![rr(150, 1.0), rr(200, 1.0)], None);
         let r = ratio(&a, &b).unwrap();
         assert_eq!((r.min, r.median, r.max), (1.0, 1.25, 1.5));
         assert_eq!(a.ops_per_sec, 150.0);
@@ -398,31 +353,14 @@ mod tests {
     fn derived_figures() {
         let s = BTreeMap::new();
         let mut rows = vec![
-            row(
-                Workload::PageFault1,
-                "vmfault",
-                &s,
-                1,
-                vec![rr(100, 1.0)],
-                None,
-            ),
-            row(
-                Workload::PageFault1,
-                "vmfault",
-                &s,
-                2,
-                vec![rr(180, 1.0)],
-                None,
-            ),
+            row(Workload::PageFault1, "vmfault", &s, 1, vec![rr(100, 1.0)], None),
+            row(Workload::PageFault1, "vmfault", &s, 2, vec![rr(180, 1.0)], None),
             row(Workload::PageFault1, "host", &s, 2, vec![rr(90, 1.0)], None),
             Row {
                 footprint_bytes: Some(crate::Sizes::TINY.region),
                 ..row(Workload::ZeroFill, "host", &s, 2, vec![rr(360, 1.0)], None)
             },
-            Row {
-                footprint_bytes: Some(1),
-                ..row(Workload::ZeroFill, "host", &s, 2, vec![rr(1000, 1.0)], None)
-            },
+            Row { footprint_bytes: Some(1), ..row(Workload::ZeroFill, "host", &s, 2, vec![rr(1000, 1.0)], None) },
         ];
         derive(&mut rows, &crate::Sizes::TINY);
         assert_eq!(rows[1].scaling, Some(1.8));

@@ -44,10 +44,7 @@ pub struct VmTarget {
 impl VmTarget {
     /// A fresh address space in `vm`.
     pub fn new(vm: &Vm) -> Result<VmTarget, OpError> {
-        Ok(VmTarget {
-            vm: vm.clone(),
-            space: vm.new_space().map_err(|e| e.to_string())?,
-        })
+        Ok(VmTarget { vm: vm.clone(), space: vm.new_space().map_err(|e| e.to_string())? })
     }
 
     /// The address space.
@@ -74,10 +71,7 @@ impl Target for VmTarget {
 
     #[inline]
     fn map_fixed(&self, addr: u64, len: u64) -> Result<(), OpError> {
-        self.space
-            .mmap(addr, len, RW, PA | MapFlags::FIXED)
-            .map(|_| ())
-            .map_err(|e| e.to_string())
+        self.space.mmap(addr, len, RW, PA | MapFlags::FIXED).map(|_| ()).map_err(|e| e.to_string())
     }
 
     #[inline]
@@ -121,11 +115,7 @@ impl Target for HostTarget {
                 0,
             )
         };
-        if p == libc::MAP_FAILED {
-            Err(errno_text("mmap"))
-        } else {
-            Ok(p as u64)
-        }
+        if p == libc::MAP_FAILED { Err(errno_text("mmap")) } else { Ok(p as u64) }
     }
 
     #[inline]
@@ -141,11 +131,7 @@ impl Target for HostTarget {
                 0,
             )
         };
-        if p == libc::MAP_FAILED {
-            Err(errno_text("mmap"))
-        } else {
-            Ok(())
-        }
+        if p == libc::MAP_FAILED { Err(errno_text("mmap")) } else { Ok(()) }
     }
 
     #[inline]

@@ -53,23 +53,11 @@ pub struct Sizes {
 
 impl Sizes {
     /// The originals' sizes: 128 MiB, 256 MiB, 512 KiB.
-    pub const FULL: Sizes = Sizes {
-        region: 128 << 20,
-        pft_region: 256 << 20,
-        ebizzy_chunk: 512 << 10,
-    };
+    pub const FULL: Sizes = Sizes { region: 128 << 20, pft_region: 256 << 20, ebizzy_chunk: 512 << 10 };
     /// Smaller sizes for `--quick` runs and tests.
-    pub const QUICK: Sizes = Sizes {
-        region: 16 << 20,
-        pft_region: 32 << 20,
-        ebizzy_chunk: 512 << 10,
-    };
+    pub const QUICK: Sizes = Sizes { region: 16 << 20, pft_region: 32 << 20, ebizzy_chunk: 512 << 10 };
     /// Tiny sizes, for tests that only check that everything runs.
-    pub const TINY: Sizes = Sizes {
-        region: 256 << 10,
-        pft_region: 512 << 10,
-        ebizzy_chunk: 64 << 10,
-    };
+    pub const TINY: Sizes = Sizes { region: 256 << 10, pft_region: 512 << 10, ebizzy_chunk: 64 << 10 };
 }
 
 impl Workload {
@@ -88,14 +76,8 @@ impl Workload {
     ];
 
     /// What `vmfault bench` runs without arguments.
-    pub const DEFAULT_SUITE: [Workload; 6] = [
-        Workload::PageFault1,
-        Workload::Pft,
-        Workload::Ebizzy,
-        Workload::Malloc1,
-        Workload::Mmap1,
-        Workload::Brk1,
-    ];
+    pub const DEFAULT_SUITE: [Workload; 6] =
+        [Workload::PageFault1, Workload::Pft, Workload::Ebizzy, Workload::Malloc1, Workload::Mmap1, Workload::Brk1];
 
     /// The name used on the command line and in results.
     pub fn name(self) -> &'static str {
@@ -121,36 +103,28 @@ impl Workload {
     /// One line about what it does.
     pub fn describe(self) -> &'static str {
         match self {
-            Workload::PageFault1 => {
-                "map 128 MiB private anonymous, write one byte per page, unmap (op = fault)"
-            }
-            Workload::PageFault2 => {
-                "private mapping of a 128 MiB file, write one byte per page (copy-on-write faults)"
-            }
+            Workload::PageFault1 => "map 128 MiB private anonymous, write one byte per page, unmap (op = fault)",
+            Workload::PageFault2 => "private mapping of a 128 MiB file, write one byte per page (copy-on-write faults)",
             Workload::PageFault3 => "shared mapping of a 128 MiB file, write one byte per page",
             Workload::Malloc1 => "map 128 MiB, touch one byte, unmap (op = loop)",
             Workload::Mmap1 => "map and unmap 128 MiB, untouched (op = loop)",
             Workload::Brk1 => "grow a mapping by one page and shrink it back (op = grow or shrink)",
             Workload::Pft => "one private region, each thread faults its share once (op = fault)",
-            Workload::Ebizzy => {
-                "ebizzy -mT: map 512 KiB, write one byte per page, unmap (op = record)"
-            }
+            Workload::Ebizzy => "ebizzy -mT: map 512 KiB, write one byte per page, unmap (op = record)",
             Workload::Mlock1 => "mlock and munlock 64 KiB in a loop (op = mlock+munlock)",
-            Workload::ZeroFill => {
-                "zero 4 KiB pages of the same footprint (op = page): the zero-fill limit"
-            }
+            Workload::ZeroFill => "zero 4 KiB pages of the same footprint (op = page): the zero-fill limit",
         }
     }
 
     /// Why vmfault cannot run it yet, if it cannot.
     pub fn unsupported(self) -> Option<&'static str> {
         match self {
-            Workload::PageFault2 | Workload::PageFault3 => Some(
-                "not yet supported: needs file mappings (issue: VM objects, fork and file mappings)",
-            ),
-            Workload::Mlock1 => Some(
-                "not yet supported: needs mlock and page wiring (issue: reference counting and reclaim)",
-            ),
+            Workload::PageFault2 | Workload::PageFault3 => {
+                Some("not yet supported: needs file mappings (issue: VM objects, fork and file mappings)")
+            }
+            Workload::Mlock1 => {
+                Some("not yet supported: needs mlock and page wiring (issue: reference counting and reclaim)")
+            }
             _ => None,
         }
     }
@@ -158,9 +132,7 @@ impl Workload {
     /// The unit of one op.
     pub fn op_unit(self) -> &'static str {
         match self {
-            Workload::PageFault1 | Workload::PageFault2 | Workload::PageFault3 | Workload::Pft => {
-                "faults"
-            }
+            Workload::PageFault1 | Workload::PageFault2 | Workload::PageFault3 | Workload::Pft => "faults",
             Workload::Ebizzy => "records",
             Workload::ZeroFill => "pages",
             _ => "ops",
@@ -171,11 +143,7 @@ impl Workload {
     pub fn footprint_per_thread(self, sizes: &Sizes) -> u64 {
         match self {
             Workload::PageFault1 | Workload::PageFault2 | Workload::PageFault3 => sizes.region,
-            Workload::Malloc1
-            | Workload::Mmap1
-            | Workload::Brk1
-            | Workload::Mlock1
-            | Workload::ZeroFill => 1 << 20,
+            Workload::Malloc1 | Workload::Mmap1 | Workload::Brk1 | Workload::Mlock1 | Workload::ZeroFill => 1 << 20,
             Workload::Pft => 0,
             Workload::Ebizzy => sizes.ebizzy_chunk,
         }
@@ -184,20 +152,12 @@ impl Workload {
     /// Bytes one thread cycles through: the footprint of its zero-fill limit
     /// (a 512 KiB ebizzy record stays in cache; a 128 MiB region does not).
     pub fn zero_fill_footprint(self, sizes: &Sizes) -> u64 {
-        if self == Workload::Ebizzy {
-            sizes.ebizzy_chunk
-        } else {
-            sizes.region
-        }
+        if self == Workload::Ebizzy { sizes.ebizzy_chunk } else { sizes.region }
     }
 
     /// Bytes of vmfault physical memory shared by all threads.
     pub fn footprint_shared(self, sizes: &Sizes) -> u64 {
-        if self == Workload::Pft {
-            sizes.pft_region
-        } else {
-            0
-        }
+        if self == Workload::Pft { sizes.pft_region } else { 0 }
     }
 }
 

@@ -15,19 +15,11 @@ fn plan(a: &BenchArgs) -> Result<Plan, String> {
     let mut workloads = Vec::new();
     for name in &a.workloads {
         if name == "all" {
-            workloads.extend(
-                Workload::ALL
-                    .iter()
-                    .copied()
-                    .filter(|w| *w != Workload::ZeroFill),
-            );
+            workloads.extend(Workload::ALL.iter().copied().filter(|w| *w != Workload::ZeroFill));
         } else {
             let w = Workload::from_name(name).ok_or_else(|| {
                 let names: Vec<&str> = Workload::ALL.iter().map(|w| w.name()).collect();
-                format!(
-                    "unknown workload {name:?}; known: {} (or all)",
-                    names.join(", ")
-                )
+                format!("unknown workload {name:?}; known: {} (or all)", names.join(", "))
             })?;
             if w != Workload::ZeroFill {
                 workloads.push(w);
@@ -39,14 +31,8 @@ fn plan(a: &BenchArgs) -> Result<Plan, String> {
     }
     workloads.dedup();
     let threads = a.threads.clone().unwrap_or_else(default_threads);
-    if threads.is_empty()
-        || threads.contains(&0)
-        || threads.iter().any(|&t| t > vmfault::config::MAX_CPUS)
-    {
-        return Err(format!(
-            "--threads: each count must be in 1..={} (got {threads:?})",
-            vmfault::config::MAX_CPUS
-        ));
+    if threads.is_empty() || threads.contains(&0) || threads.iter().any(|&t| t > vmfault::config::MAX_CPUS) {
+        return Err(format!("--threads: each count must be in 1..={} (got {threads:?})", vmfault::config::MAX_CPUS));
     }
     let round_secs = a.seconds.unwrap_or(if a.quick { 0.15 } else { 0.4 });
     if !(round_secs.is_finite() && round_secs > 0.0 && round_secs <= 3600.0) {
@@ -60,21 +46,15 @@ fn plan(a: &BenchArgs) -> Result<Plan, String> {
     let compare = match &a.compare {
         None => None,
         Some(spec) => {
-            let (key, values) = spec
-                .split_once('=')
-                .ok_or_else(|| format!("--compare {spec}: expected KEY=A,B[,C...]"))?;
-            let values: Vec<String> = values
-                .split(',')
-                .map(|v| v.trim().to_string())
-                .filter(|v| !v.is_empty())
-                .collect();
+            let (key, values) =
+                spec.split_once('=').ok_or_else(|| format!("--compare {spec}: expected KEY=A,B[,C...]"))?;
+            let values: Vec<String> =
+                values.split(',').map(|v| v.trim().to_string()).filter(|v| !v.is_empty()).collect();
             if values.len() < 2 {
                 return Err(format!("--compare {spec}: give at least two values"));
             }
             for v in &values {
-                base.clone()
-                    .set(key.trim(), v)
-                    .map_err(|e| format!("--compare {key}={v}: {e}"))?;
+                base.clone().set(key.trim(), v).map_err(|e| format!("--compare {key}={v}: {e}"))?;
             }
             Some((key.trim().to_string(), values))
         }
@@ -97,38 +77,21 @@ fn plan(a: &BenchArgs) -> Result<Plan, String> {
 /// Write JSON, CSV and plots into `out` (and the extra paths asked for).
 fn write_outputs(a: &BenchArgs, results: &Results) -> Result<Vec<String>, String> {
     let mut written = Vec::new();
-    std::fs::create_dir_all(&a.out)
-        .map_err(|e| format!("cannot create {}: {e}", a.out.display()))?;
+    std::fs::create_dir_all(&a.out).map_err(|e| format!("cannot create {}: {e}", a.out.display()))?;
     let mut save = |what: &str, path: &Path, r: Result<(), String>| {
         r.map_err(|e| format!("writing {what} to {}: {e}", path.display()))?;
         written.push(path.display().to_string());
         Ok::<(), String>(())
     };
     let json = a.out.join("results.json");
-    save(
-        "JSON",
-        &json,
-        results.write_json(&json).map_err(|e| e.to_string()),
-    )?;
+    save("JSON", &json, results.write_json(&json).map_err(|e| e.to_string()))?;
     let csv = a.out.join("results.csv");
-    save(
-        "CSV",
-        &csv,
-        results.write_csv(&csv).map_err(|e| e.to_string()),
-    )?;
+    save("CSV", &csv, results.write_csv(&csv).map_err(|e| e.to_string()))?;
     let scaling = a.out.join("scaling.png");
-    save(
-        "the scaling plot",
-        &scaling,
-        plot::scaling(results, &scaling),
-    )?;
+    save("the scaling plot", &scaling, plot::scaling(results, &scaling))?;
     if !results.comparisons.is_empty() {
         let cmp = a.out.join("compare.png");
-        save(
-            "the comparison plot",
-            &cmp,
-            plot::comparisons(results, &cmp),
-        )?;
+        save("the comparison plot", &cmp, plot::comparisons(results, &cmp))?;
     }
     if let Some(p) = &a.json {
         save("JSON", p, results.write_json(p).map_err(|e| e.to_string()))?;
@@ -152,11 +115,9 @@ pub(crate) fn run(a: BenchArgs) -> Result<(), String> {
     let plan = plan(&a)?;
     let bar = ProgressBar::new(0);
     bar.set_style(
-        ProgressStyle::with_template(
-            "{spinner} [{bar:30}] {pos}/{len} rounds, {elapsed} (eta {eta}) {msg}",
-        )
-        .expect("valid template")
-        .progress_chars("=> "),
+        ProgressStyle::with_template("{spinner} [{bar:30}] {pos}/{len} rounds, {elapsed} (eta {eta}) {msg}")
+            .expect("valid template")
+            .progress_chars("=> "),
     );
     bar.enable_steady_tick(Duration::from_millis(200));
     let hidden = bar.is_hidden();
@@ -198,20 +159,16 @@ mod tests {
         let p = plan(&args("vmfault bench")).unwrap();
         assert_eq!(p.workloads, Workload::DEFAULT_SUITE.to_vec());
         assert_eq!(p.sizes, Sizes::FULL);
-        let p = plan(&args("vmfault bench pft ebizzy --threads 1,8 --quick --set zero_page=false --compare prefault=true,false"))
-            .unwrap();
+        let p = plan(&args(
+            "vmfault bench pft ebizzy --threads 1,8 --quick --set zero_page=false --compare prefault=true,false",
+        ))
+        .unwrap();
         assert_eq!(p.workloads, vec![Workload::Pft, Workload::Ebizzy]);
         assert_eq!(p.threads, vec![1, 8]);
         assert_eq!(p.sizes, Sizes::QUICK);
         assert!(!p.base.zero_page);
-        assert_eq!(
-            p.user_settings.get("zero_page").map(String::as_str),
-            Some("false")
-        );
-        assert_eq!(
-            p.compare,
-            Some(("prefault".into(), vec!["true".into(), "false".into()]))
-        );
+        assert_eq!(p.user_settings.get("zero_page").map(String::as_str), Some("false"));
+        assert_eq!(p.compare, Some(("prefault".into(), vec!["true".into(), "false".into()])));
         assert_eq!(plan(&args("vmfault bench all")).unwrap().workloads.len(), 9);
     }
 

@@ -107,11 +107,8 @@ struct RunArgs {
 fn apply_sets(cfg: &mut VmConfig, sets: &[String]) -> Result<Vec<(String, String)>, String> {
     sets.iter()
         .map(|s| {
-            let (k, v) = s
-                .split_once('=')
-                .ok_or_else(|| format!("--set {s}: expected KEY=VALUE"))?;
-            cfg.set(k.trim(), v.trim())
-                .map_err(|e| format!("--set {s}: {e}"))?;
+            let (k, v) = s.split_once('=').ok_or_else(|| format!("--set {s}: expected KEY=VALUE"))?;
+            cfg.set(k.trim(), v.trim()).map_err(|e| format!("--set {s}: {e}"))?;
             Ok((k.trim().to_string(), v.trim().to_string()))
         })
         .collect()
@@ -121,14 +118,13 @@ fn apply_sets(cfg: &mut VmConfig, sets: &[String]) -> Result<Vec<(String, String
 fn runnable_workload(name: Option<&str>, default: Workload) -> Result<Workload, String> {
     let w = match name {
         None => default,
-        Some(n) => Workload::from_name(n)
-            .ok_or_else(|| format!("unknown workload {n:?} (try `vmfault bench --help`)"))?,
+        Some(n) => {
+            Workload::from_name(n).ok_or_else(|| format!("unknown workload {n:?} (try `vmfault bench --help`)"))?
+        }
     };
     match w.unsupported() {
         Some(reason) => Err(format!("{}: {reason}", w.name())),
-        None if w == Workload::ZeroFill => {
-            Err("zero_fill does not run on vmfault (it is the host's limit)".into())
-        }
+        None if w == Workload::ZeroFill => Err("zero_fill does not run on vmfault (it is the host's limit)".into()),
         None => Ok(w),
     }
 }

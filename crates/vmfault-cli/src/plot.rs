@@ -13,17 +13,8 @@ use plotters::prelude::*;
 use plotters::style::{FontStyle, register_font};
 use vmfault_bench::{Results, Workload};
 
-const FONT_DIRS: [&str; 3] = [
-    "/usr/share/fonts",
-    "/usr/local/share/fonts",
-    "/usr/share/fonts/truetype",
-];
-const PREFERRED: [&str; 4] = [
-    "DejaVuSans.ttf",
-    "LiberationSans-Regular.ttf",
-    "FreeSans.ttf",
-    "NotoSans-Regular.ttf",
-];
+const FONT_DIRS: [&str; 3] = ["/usr/share/fonts", "/usr/local/share/fonts", "/usr/share/fonts/truetype"];
+const PREFERRED: [&str; 4] = ["DejaVuSans.ttf", "LiberationSans-Regular.ttf", "FreeSans.ttf", "NotoSans-Regular.ttf"];
 
 fn find_ttf(dir: &Path, depth: usize, out: &mut Vec<std::path::PathBuf>) {
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -49,10 +40,7 @@ fn font() -> Result<(), String> {
         }
         found.sort_by_key(|p| {
             let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            PREFERRED
-                .iter()
-                .position(|f| *f == name)
-                .unwrap_or(PREFERRED.len())
+            PREFERRED.iter().position(|f| *f == name).unwrap_or(PREFERRED.len())
         });
         for p in found {
             if let Ok(bytes) = std::fs::read(&p) {
@@ -97,11 +85,7 @@ fn series_label(r: &vmfault_bench::Row) -> String {
         return format!("memset over {}", crate::table::bytes(f));
     }
     let s: Vec<String> = r.settings.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    if s.is_empty() {
-        r.system.clone()
-    } else {
-        format!("{} {}", r.system, s.join(" "))
-    }
+    if s.is_empty() { r.system.clone() } else { format!("{} {}", r.system, s.join(" ")) }
 }
 
 /// Ops per second against threads, one panel per workload, one line per system.
@@ -132,22 +116,13 @@ fn scaling_panels<DB: DrawingBackend>(
 ) -> Result<(), String> {
     let panels = area.split_evenly((rows, cols));
     for (w, panel) in workloads.iter().zip(panels.iter()) {
-        let pts: Vec<_> = results
-            .rows
-            .iter()
-            .filter(|r| r.workload == *w && !r.rounds.is_empty())
-            .collect();
+        let pts: Vec<_> = results.rows.iter().filter(|r| r.workload == *w && !r.rounds.is_empty()).collect();
         // Thread counts at evenly spaced positions (1, 2, 4, 8, 16 read best that way).
         let mut counts: Vec<usize> = pts.iter().map(|r| r.threads).collect();
         counts.sort_unstable();
         counts.dedup();
         let x_of = |t: usize| counts.iter().position(|&c| c == t).unwrap_or(0) as f64;
-        let max_y = pts
-            .iter()
-            .map(|r| r.ops_per_sec_spread.max)
-            .fold(0.0, f64::max)
-            .max(1.0)
-            * 1.15;
+        let max_y = pts.iter().map(|r| r.ops_per_sec_spread.max).fold(0.0, f64::max).max(1.0) * 1.15;
         let title = if *w == Workload::ZeroFill {
             "zero-fill limit (memset of 4 KiB pages)".to_string()
         } else {
@@ -189,20 +164,11 @@ fn scaling_panels<DB: DrawingBackend>(
                 ))
                 .map_err(|e| e.to_string())?
                 .label(label.clone())
-                .legend(move |(x, y)| {
-                    PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2))
-                });
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2)));
             chart
                 .draw_series(line.iter().map(|r| {
                     let s = r.ops_per_sec_spread;
-                    ErrorBar::new_vertical(
-                        x_of(r.threads),
-                        s.min,
-                        s.median,
-                        s.max,
-                        color.filled(),
-                        8,
-                    )
+                    ErrorBar::new_vertical(x_of(r.threads), s.min, s.median, s.max, color.filled(), 8)
                 }))
                 .map_err(|e| e.to_string())?;
         }
@@ -223,34 +189,17 @@ pub(crate) fn comparisons(results: &Results, path: &Path) -> Result<(), String> 
         return Err("no comparisons in this run".into());
     }
     let width = (120 + 120 * results.comparisons.len() as u32).max(640);
-    with_area(
-        path,
-        (width, 480),
-        |a| comparison_chart(results, a),
-        |a| comparison_chart(results, a),
-    )
+    with_area(path, (width, 480), |a| comparison_chart(results, a), |a| comparison_chart(results, a))
 }
 
-fn comparison_chart<DB: DrawingBackend>(
-    results: &Results,
-    area: &DrawingArea<DB, Shift>,
-) -> Result<(), String> {
+fn comparison_chart<DB: DrawingBackend>(results: &Results, area: &DrawingArea<DB, Shift>) -> Result<(), String> {
     let cs = &results.comparisons;
     let max_y = cs.iter().map(|c| c.ratio_b_over_a.max).fold(1.0, f64::max) * 1.15;
     let min_y = cs.iter().map(|c| c.ratio_b_over_a.min).fold(1.0, f64::min) * 0.85;
     let key = &cs[0].key;
-    let names: Vec<String> = cs
-        .iter()
-        .map(|c| format!("{} x{}: {}", c.workload.name(), c.threads, c.b))
-        .collect();
+    let names: Vec<String> = cs.iter().map(|c| format!("{} x{}: {}", c.workload.name(), c.threads, c.b)).collect();
     let mut chart = ChartBuilder::on(area)
-        .caption(
-            format!(
-                "--compare {key}: ops/s of each value over {}={}",
-                key, cs[0].a
-            ),
-            ("sans-serif", 20),
-        )
+        .caption(format!("--compare {key}: ops/s of each value over {}={}", key, cs[0].a), ("sans-serif", 20))
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(60)
@@ -273,10 +222,7 @@ fn comparison_chart<DB: DrawingBackend>(
         .draw()
         .map_err(|e| e.to_string())?;
     chart
-        .draw_series(LineSeries::new(
-            [(-0.5, 1.0), (cs.len() as f64 - 0.5, 1.0)],
-            BLACK.mix(0.5),
-        ))
+        .draw_series(LineSeries::new([(-0.5, 1.0), (cs.len() as f64 - 0.5, 1.0)], BLACK.mix(0.5)))
         .map_err(|e| e.to_string())?;
     chart
         .draw_series(cs.iter().enumerate().map(|(i, c)| {
@@ -286,9 +232,7 @@ fn comparison_chart<DB: DrawingBackend>(
         .map_err(|e| e.to_string())?;
     chart
         .draw_series(
-            cs.iter()
-                .enumerate()
-                .map(|(i, c)| Circle::new((i as f64, c.ratio_b_over_a.median), 5, BLUE.filled())),
+            cs.iter().enumerate().map(|(i, c)| Circle::new((i as f64, c.ratio_b_over_a.median), 5, BLUE.filled())),
         )
         .map_err(|e| e.to_string())?;
     Ok(())

@@ -45,10 +45,7 @@ pub(crate) fn run(a: RunArgs) -> Result<(), String> {
     let w = runnable_workload(a.workload.as_deref(), Workload::PageFault1)?;
     let threads = a.threads.unwrap_or(1);
     if threads == 0 || threads > vmfault::config::MAX_CPUS {
-        return Err(format!(
-            "--threads must be in 1..={}",
-            vmfault::config::MAX_CPUS
-        ));
+        return Err(format!("--threads must be in 1..={}", vmfault::config::MAX_CPUS));
     }
     let secs = a.seconds.unwrap_or(1.0);
     if !(secs.is_finite() && secs > 0.0) {
@@ -67,35 +64,14 @@ mod tests {
 
     #[test]
     fn prints_every_counter_one_per_line() {
-        let vm = Vm::new(VmConfig {
-            phys_bytes: 8 << 20,
-            cpus: 1,
-            prefault: false,
-            ..VmConfig::default()
-        })
-        .unwrap();
+        let vm = Vm::new(VmConfig { phys_bytes: 8 << 20, cpus: 1, prefault: false, ..VmConfig::default() }).unwrap();
         let t = VmTarget::new(&vm).unwrap();
         let r = harness::round(Workload::Ebizzy, &t, 1, 0.02, &Sizes::TINY).unwrap();
         let text = report(&vm, Workload::Ebizzy, 1, &r);
         for (name, _, _) in vm.stats().entries() {
-            assert!(
-                text.lines()
-                    .any(|l| l.split_whitespace().nth(1) == Some(name)),
-                "{name} missing:\n{text}"
-            );
+            assert!(text.lines().any(|l| l.split_whitespace().nth(1) == Some(name)), "{name} missing:\n{text}");
         }
-        let faults = text
-            .lines()
-            .find(|l| l.split_whitespace().nth(1) == Some("faults"))
-            .unwrap();
-        assert!(
-            faults
-                .split_whitespace()
-                .next()
-                .unwrap()
-                .parse::<u64>()
-                .unwrap()
-                > 0
-        );
+        let faults = text.lines().find(|l| l.split_whitespace().nth(1) == Some("faults")).unwrap();
+        assert!(faults.split_whitespace().next().unwrap().parse::<u64>().unwrap() > 0);
     }
 }

@@ -35,11 +35,7 @@ pub(crate) fn human(v: f64) -> String {
 
 fn system(r: &Row) -> String {
     let s: Vec<String> = r.settings.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    if s.is_empty() {
-        r.system.clone()
-    } else {
-        format!("{} {}", r.system, s.join(" "))
-    }
+    if s.is_empty() { r.system.clone() } else { format!("{} {}", r.system, s.join(" ")) }
 }
 
 fn opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
@@ -50,11 +46,7 @@ fn opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
 pub(crate) fn render(results: &Results, plan: &Plan) -> String {
     let mut out = String::new();
     let m = &results.machine;
-    let _ = writeln!(
-        out,
-        "vmfault bench on {} ({} CPUs, Linux {}), {}",
-        m.cpu_model, m.cores, m.kernel, m.date
-    );
+    let _ = writeln!(out, "vmfault bench on {} ({} CPUs, Linux {}), {}", m.cpu_model, m.cores, m.kernel, m.date);
     let _ = writeln!(
         out,
         "{} rounds of {:.2} s per point, interleaved across systems; medians, with the min..max of the rounds",
@@ -86,32 +78,16 @@ pub(crate) fn render(results: &Results, plan: &Plan) -> String {
         "pte-wait/flt",
     ];
     let mut lines: Vec<Vec<String>> = vec![header.iter().map(|s| s.to_string()).collect()];
-    for r in results
-        .rows
-        .iter()
-        .filter(|r| r.workload != Workload::ZeroFill)
-    {
-        let pf = |k: &str| {
-            r.per_fault
-                .get(k)
-                .map_or("-".to_string(), |v| format!("{v:.3}"))
-        };
+    for r in results.rows.iter().filter(|r| r.workload != Workload::ZeroFill) {
+        let pf = |k: &str| r.per_fault.get(k).map_or("-".to_string(), |v| format!("{v:.3}"));
         lines.push(vec![
             r.workload.name().into(),
             system(r),
             r.threads.to_string(),
             human(r.ops_per_sec),
-            format!(
-                "{}..{}",
-                human(r.ops_per_sec_spread.min),
-                human(r.ops_per_sec_spread.max)
-            ),
+            format!("{}..{}", human(r.ops_per_sec_spread.min), human(r.ops_per_sec_spread.max)),
             human(r.ops_per_thread_per_sec),
-            if r.faults_per_sec > 0.0 {
-                human(r.faults_per_sec)
-            } else {
-                "-".into()
-            },
+            if r.faults_per_sec > 0.0 { human(r.faults_per_sec) } else { "-".into() },
             opt(r.scaling, |v| format!("{v:.2}x")),
             opt(r.host_ratio.map(|s| s.median), |v| format!("{v:.2}x")),
             opt(r.zero_fill_fraction, |v| format!("{:.0}%", v * 100.0)),
@@ -124,11 +100,7 @@ pub(crate) fn render(results: &Results, plan: &Plan) -> String {
         }
     }
     out.push_str(&columns(&lines));
-    let mut footprints: Vec<u64> = results
-        .rows
-        .iter()
-        .filter_map(|r| r.footprint_bytes)
-        .collect();
+    let mut footprints: Vec<u64> = results.rows.iter().filter_map(|r| r.footprint_bytes).collect();
     footprints.sort_unstable_by(|a, b| b.cmp(a));
     footprints.dedup();
     for f in footprints {
@@ -138,23 +110,11 @@ pub(crate) fn render(results: &Results, plan: &Plan) -> String {
             .filter(|r| r.footprint_bytes == Some(f))
             .map(|r| format!("x{} {}", r.threads, human(r.ops_per_sec)))
             .collect();
-        let _ = writeln!(
-            out,
-            "\nzero-fill limit over {} per thread, pages/s: {}",
-            bytes(f),
-            zf.join(", ")
-        );
+        let _ = writeln!(out, "\nzero-fill limit over {} per thread, pages/s: {}", bytes(f), zf.join(", "));
     }
     if !results.comparisons.is_empty() {
-        let _ = writeln!(
-            out,
-            "\ncomparisons (ops/s of b over a, round by round: median [min, max]):"
-        );
-        let mut lines = vec![
-            ["workload", "thr", "knob", "a", "b", "ratio", "[min, max]"]
-                .map(String::from)
-                .to_vec(),
-        ];
+        let _ = writeln!(out, "\ncomparisons (ops/s of b over a, round by round: median [min, max]):");
+        let mut lines = vec![["workload", "thr", "knob", "a", "b", "ratio", "[min, max]"].map(String::from).to_vec()];
         for c in &results.comparisons {
             let r = c.ratio_b_over_a;
             lines.push(vec![
@@ -180,25 +140,13 @@ fn columns(lines: &[Vec<String>]) -> String {
     let n = lines.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..n)
         .map(|i| {
-            lines
-                .iter()
-                .filter(|l| l.len() == n)
-                .filter_map(|l| l.get(i))
-                .map(|s| s.chars().count())
-                .max()
-                .unwrap_or(0)
+            lines.iter().filter(|l| l.len() == n).filter_map(|l| l.get(i)).map(|s| s.chars().count()).max().unwrap_or(0)
         })
         .collect();
     let mut out = String::new();
     for l in lines {
-        let cells: Vec<String> = if l.len() == n {
-            l.iter()
-                .zip(&widths)
-                .map(|(c, w)| format!("{c:<w$}"))
-                .collect()
-        } else {
-            l.clone()
-        };
+        let cells: Vec<String> =
+            if l.len() == n { l.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect() } else { l.clone() };
         let _ = writeln!(out, "{}", cells.join("  ").trim_end());
     }
     out
@@ -218,10 +166,7 @@ mod tests {
 
     #[test]
     fn columns_align() {
-        let t = columns(&[
-            vec!["a".into(), "bb".into()],
-            vec!["ccc".into(), "d".into()],
-        ]);
+        let t = columns(&[vec!["a".into(), "bb".into()], vec!["ccc".into(), "d".into()]]);
         assert_eq!(t, "a    bb\nccc  d\n");
     }
 }

@@ -13,9 +13,7 @@ use ratatui::Terminal;
 use ratatui::backend::{Backend, CrosstermBackend};
 use ratatui::crossterm::event::{self, Event, KeyCode, KeyModifiers};
 use ratatui::crossterm::execute;
-use ratatui::crossterm::terminal::{
-    EnterAlternateScreen, LeaveAlternateScreen, disable_raw_mode, enable_raw_mode,
-};
+use ratatui::crossterm::terminal::{EnterAlternateScreen, LeaveAlternateScreen, disable_raw_mode, enable_raw_mode};
 use ratatui::layout::{Constraint, Layout};
 use ratatui::style::{Modifier, Style};
 use ratatui::text::Line;
@@ -57,23 +55,15 @@ impl View {
     }
 
     fn total(&self, name: &str) -> String {
-        self.rate(
-            self.stats.get(name).unwrap_or(0),
-            self.prev_stats.get(name).unwrap_or(0),
-        )
+        self.rate(self.stats.get(name).unwrap_or(0), self.prev_stats.get(name).unwrap_or(0))
     }
 }
 
 /// Draw the view (separate from the terminal handling so tests can render it).
 pub(crate) fn draw<B: Backend>(term: &mut Terminal<B>, v: &View) -> Result<(), String> {
     term.draw(|f| {
-        let [head, body] =
-            Layout::vertical([Constraint::Length(5), Constraint::Min(3)]).areas(f.area());
-        let state = if v.finished {
-            "finished"
-        } else {
-            "running (q to quit)"
-        };
+        let [head, body] = Layout::vertical([Constraint::Length(5), Constraint::Min(3)]).areas(f.area());
+        let state = if v.finished { "finished" } else { "running (q to quit)" };
         let text = vec![
             Line::from(format!("{}  {:.1} s  {state}", v.title, v.elapsed)),
             Line::from(format!(
@@ -93,36 +83,19 @@ pub(crate) fn draw<B: Backend>(term: &mut Terminal<B>, v: &View) -> Result<(), S
                 v.total("segv")
             )),
         ];
-        f.render_widget(
-            Paragraph::new(text).block(Block::default().borders(Borders::ALL).title("vmfault top")),
-            head,
-        );
+        f.render_widget(Paragraph::new(text).block(Block::default().borders(Borders::ALL).title("vmfault top")), head);
         let header = Row::new(["vCPU"].into_iter().chain(COLUMNS.iter().map(|c| c.1)))
             .style(Style::default().add_modifier(Modifier::BOLD));
-        let rows = v
-            .cpus
-            .iter()
-            .zip(&v.prev_cpus)
-            .filter(|(c, p)| c.attached || c.counters != p.counters)
-            .map(|(c, p)| {
-                let name = if c.cpu == v.cpus.len() - 1 {
-                    "shared".to_string()
-                } else {
-                    c.cpu.to_string()
-                };
-                Row::new(std::iter::once(name).chain(COLUMNS.iter().map(|(k, _)| {
-                    v.rate(
-                        c.counters.get(k).unwrap_or(0),
-                        p.counters.get(k).unwrap_or(0),
-                    )
-                })))
+        let rows =
+            v.cpus.iter().zip(&v.prev_cpus).filter(|(c, p)| c.attached || c.counters != p.counters).map(|(c, p)| {
+                let name = if c.cpu == v.cpus.len() - 1 { "shared".to_string() } else { c.cpu.to_string() };
+                Row::new(std::iter::once(name).chain(
+                    COLUMNS.iter().map(|(k, _)| v.rate(c.counters.get(k).unwrap_or(0), p.counters.get(k).unwrap_or(0))),
+                ))
             });
-        let widths = std::iter::once(Constraint::Length(7))
-            .chain(COLUMNS.iter().map(|_| Constraint::Length(10)));
+        let widths = std::iter::once(Constraint::Length(7)).chain(COLUMNS.iter().map(|_| Constraint::Length(10)));
         f.render_widget(
-            Table::new(rows, widths)
-                .header(header)
-                .block(Block::default().borders(Borders::ALL).title("per vCPU")),
+            Table::new(rows, widths).header(header).block(Block::default().borders(Borders::ALL).title("per vCPU")),
             body,
         );
     })
@@ -183,8 +156,7 @@ fn lines(vm: &Vm, done: &AtomicBool) {
         std::thread::sleep(Duration::from_secs(1));
         let now = sample(vm);
         let dt = (now.2 - prev.2).as_secs_f64();
-        let r =
-            |n: &str| human((now.0.get(n).unwrap_or(0) - prev.0.get(n).unwrap_or(0)) as f64 / dt);
+        let r = |n: &str| human((now.0.get(n).unwrap_or(0) - prev.0.get(n).unwrap_or(0)) as f64 / dt);
         println!(
             "faults/s {}  zero-fill/s {}  map-lock/s {}  pte-waits/s {}  free pages {}",
             r("faults"),
@@ -199,14 +171,9 @@ fn lines(vm: &Vm, done: &AtomicBool) {
 
 pub(crate) fn run(a: RunArgs) -> Result<(), String> {
     let w = runnable_workload(a.workload.as_deref(), Workload::Ebizzy)?;
-    let threads = a
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     if threads == 0 || threads > vmfault::config::MAX_CPUS {
-        return Err(format!(
-            "--threads must be in 1..={}",
-            vmfault::config::MAX_CPUS
-        ));
+        return Err(format!("--threads must be in 1..={}", vmfault::config::MAX_CPUS));
     }
     let secs = a.seconds.unwrap_or(60.0);
     let (vm, sizes) = build_vm(&a, w, threads)?;
@@ -230,13 +197,7 @@ pub(crate) fn run(a: RunArgs) -> Result<(), String> {
     });
     shown?;
     let r = round?;
-    println!(
-        "{title}: {} {} in {:.2} s ({}/s)",
-        r.ops,
-        w.op_unit(),
-        r.seconds,
-        human(r.ops_per_sec())
-    );
+    println!("{title}: {} {} in {:.2} s ({}/s)", r.ops, w.op_unit(), r.seconds, human(r.ops_per_sec()));
     Ok(())
 }
 
@@ -248,23 +209,10 @@ mod tests {
 
     #[test]
     fn renders_rates_per_vcpu() {
-        let vm = Vm::new(VmConfig {
-            phys_bytes: 8 << 20,
-            cpus: 2,
-            prefault: false,
-            ..VmConfig::default()
-        })
-        .unwrap();
+        let vm = Vm::new(VmConfig { phys_bytes: 8 << 20, cpus: 2, prefault: false, ..VmConfig::default() }).unwrap();
         let before = sample(&vm);
         let space = vm.new_space().unwrap();
-        let a = space
-            .mmap(
-                0,
-                64 * 4096,
-                Prot::READ | Prot::WRITE,
-                MapFlags::PRIVATE | MapFlags::ANONYMOUS,
-            )
-            .unwrap();
+        let a = space.mmap(0, 64 * 4096, Prot::READ | Prot::WRITE, MapFlags::PRIVATE | MapFlags::ANONYMOUS).unwrap();
         for p in 0..64 {
             space.touch(a + p * 4096, Access::Write).unwrap();
         }
@@ -281,18 +229,9 @@ mod tests {
         };
         let mut term = Terminal::new(TestBackend::new(110, 16)).unwrap();
         draw(&mut term, &view).unwrap();
-        let screen: String = term
-            .backend()
-            .buffer()
-            .content()
-            .iter()
-            .map(|c| c.symbol())
-            .collect();
+        let screen: String = term.backend().buffer().content().iter().map(|c| c.symbol()).collect();
         assert!(screen.contains("faults/s 64.0"), "{screen}");
-        assert!(
-            screen.contains("shared"),
-            "the shared slot did the faults: {screen}"
-        );
+        assert!(screen.contains("shared"), "the shared slot did the faults: {screen}");
         assert!(screen.contains("finished"));
     }
 }

@@ -36,12 +36,7 @@ pub struct VmConfig {
 
 impl Default for VmConfig {
     fn default() -> Self {
-        VmConfig {
-            phys_bytes: 256 << 20,
-            cpus: 64,
-            prefault: true,
-            zero_page: true,
-        }
+        VmConfig { phys_bytes: 256 << 20, cpus: 64, prefault: true, zero_page: true }
     }
 }
 
@@ -58,10 +53,7 @@ impl VmConfig {
             "prefault" => self.prefault = parse_bool(value)?,
             "zero_page" => self.zero_page = parse_bool(value)?,
             _ => {
-                return Err(Error::Config {
-                    reason: "unknown knob (see VmConfig::knobs)",
-                    value: 0,
-                });
+                return Err(Error::Config { reason: "unknown knob (see VmConfig::knobs)", value: 0 });
             }
         }
         Ok(())
@@ -80,20 +72,14 @@ impl VmConfig {
     /// The knobs whose values differ from [`VmConfig::default`].
     pub fn non_default_knobs(&self) -> Vec<(&'static str, String)> {
         let base = VmConfig::default().knobs();
-        self.knobs()
-            .into_iter()
-            .filter(|kv| !base.contains(kv))
-            .collect()
+        self.knobs().into_iter().filter(|kv| !base.contains(kv)).collect()
     }
 
     /// Check the configuration; [`Vm::new`](crate::Vm::new) calls this.
     pub fn validate(&self) -> Result<()> {
         let frames = self.phys_bytes / crate::PAGE_SIZE;
         if frames < 16 {
-            return Err(Error::Config {
-                reason: "phys_bytes must hold at least 16 frames",
-                value: self.phys_bytes,
-            });
+            return Err(Error::Config { reason: "phys_bytes must hold at least 16 frames", value: self.phys_bytes });
         }
         if frames > u32::MAX as u64 - 1 {
             return Err(Error::Config {
@@ -102,20 +88,14 @@ impl VmConfig {
             });
         }
         if self.cpus == 0 || self.cpus > MAX_CPUS {
-            return Err(Error::Config {
-                reason: "cpus must be in 1..=1024",
-                value: self.cpus as u64,
-            });
+            return Err(Error::Config { reason: "cpus must be in 1..=1024", value: self.cpus as u64 });
         }
         Ok(())
     }
 }
 
 fn parse_num(v: &str) -> Result<u64> {
-    v.trim().parse::<u64>().map_err(|_| Error::Config {
-        reason: "expected a number",
-        value: 0,
-    })
+    v.trim().parse::<u64>().map_err(|_| Error::Config { reason: "expected a number", value: 0 })
 }
 
 fn parse_size(v: &str) -> Result<u64> {
@@ -127,20 +107,14 @@ fn parse_size(v: &str) -> Result<u64> {
         _ => (v, 0),
     };
     let n = parse_num(digits)?;
-    n.checked_mul(1 << shift).ok_or(Error::Config {
-        reason: "size overflows u64",
-        value: n,
-    })
+    n.checked_mul(1 << shift).ok_or(Error::Config { reason: "size overflows u64", value: n })
 }
 
 fn parse_bool(v: &str) -> Result<bool> {
     match v.trim() {
         "true" | "on" | "1" | "yes" => Ok(true),
         "false" | "off" | "0" | "no" => Ok(false),
-        _ => Err(Error::Config {
-            reason: "expected true or false",
-            value: 0,
-        }),
+        _ => Err(Error::Config { reason: "expected true or false", value: 0 }),
     }
 }
 
@@ -156,13 +130,7 @@ mod tests {
         assert_eq!(c.phys_bytes, 64 << 20);
         assert_eq!(c.cpus, 8);
         let nd = c.non_default_knobs();
-        assert_eq!(
-            nd,
-            vec![
-                ("phys_bytes", (64u64 << 20).to_string()),
-                ("cpus", "8".to_string())
-            ]
-        );
+        assert_eq!(nd, vec![("phys_bytes", (64u64 << 20).to_string()), ("cpus", "8".to_string())]);
         assert!(c.set("nope", "1").is_err());
         assert!(c.set("prefault", "maybe").is_err());
         assert!(c.set("phys_bytes", "99999999999999999999G").is_err());
@@ -170,22 +138,8 @@ mod tests {
 
     #[test]
     fn validate_rejects_nonsense() {
-        assert!(
-            VmConfig {
-                cpus: 0,
-                ..VmConfig::default()
-            }
-            .validate()
-            .is_err()
-        );
-        assert!(
-            VmConfig {
-                phys_bytes: 4096,
-                ..VmConfig::default()
-            }
-            .validate()
-            .is_err()
-        );
+        assert!(VmConfig { cpus: 0, ..VmConfig::default() }.validate().is_err());
+        assert!(VmConfig { phys_bytes: 4096, ..VmConfig::default() }.validate().is_err());
         assert!(VmConfig::default().validate().is_ok());
     }
 }

@@ -238,17 +238,10 @@ mod tests {
     #[test]
     fn errno_matches_linux() {
         assert_eq!(Error::inval(Op::Mmap, "x", 1).errno(), 22);
-        let nm = Error::NotMapped {
-            op: Op::Mprotect,
-            addr: 0,
-            end: 4096,
-        };
+        let nm = Error::NotMapped { op: Op::Mprotect, addr: 0, end: 4096 };
         assert_eq!(nm.errno(), 12);
         assert_eq!(Error::Exists { addr: 0, end: 1 }.errno(), 17);
-        let segv = Error::Segv {
-            addr: 5,
-            code: SegvCode::AccErr,
-        };
+        let segv = Error::Segv { addr: 5, code: SegvCode::AccErr };
         assert_eq!(segv.errno(), 14);
         assert_eq!(SegvCode::MapErr.si_code(), 1);
         assert_eq!(SegvCode::AccErr.si_code(), 2);

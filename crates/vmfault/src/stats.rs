@@ -135,9 +135,7 @@ pub(crate) struct CounterSet {
 
 impl CounterSet {
     pub(crate) fn new() -> CounterSet {
-        CounterSet {
-            values: (0..Counter::ALL.len()).map(|_| AtomicU64::new(0)).collect(),
-        }
+        CounterSet { values: (0..Counter::ALL.len()).map(|_| AtomicU64::new(0)).collect() }
     }
 
     /// Add `n` to counter `c`. Only the slot's owner calls this.

@@ -114,16 +114,9 @@ impl Advice {
 
     /// The advice for a Linux `MADV_*` value, if vmfault supports it.
     pub fn from_raw(raw: i32) -> Option<Advice> {
-        [
-            Advice::Normal,
-            Advice::Random,
-            Advice::Sequential,
-            Advice::WillNeed,
-            Advice::DontNeed,
-            Advice::Free,
-        ]
-        .into_iter()
-        .find(|a| a.as_raw() == raw)
+        [Advice::Normal, Advice::Random, Advice::Sequential, Advice::WillNeed, Advice::DontNeed, Advice::Free]
+            .into_iter()
+            .find(|a| a.as_raw() == raw)
     }
 }
 
@@ -186,21 +179,13 @@ mod tests {
                 assert_eq!(a.as_raw(), raw);
             }
         }
-        assert_eq!(
-            Advice::from_raw(libc::MADV_DONTNEED),
-            Some(Advice::DontNeed)
-        );
+        assert_eq!(Advice::from_raw(libc::MADV_DONTNEED), Some(Advice::DontNeed));
         assert_eq!(Advice::from_raw(1000), None);
     }
 
     #[test]
     fn mapping_line_looks_like_proc_maps() {
-        let m = MappingInfo {
-            start: 0x1000,
-            end: 0x3000,
-            prot: Prot::READ | Prot::WRITE,
-            shared: false,
-        };
+        let m = MappingInfo { start: 0x1000, end: 0x3000, prot: Prot::READ | Prot::WRITE, shared: false };
         assert_eq!(m.to_string(), "1000-3000 rw-p");
     }
 

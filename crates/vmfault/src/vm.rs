@@ -48,9 +48,7 @@ pub(crate) struct Machine {
 
 impl std::fmt::Debug for CpuSet<PerCpu, PerCpuOwned> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CpuSet")
-            .field("cpus", &self.cpus())
-            .finish_non_exhaustive()
+        f.debug_struct("CpuSet").field("cpus", &self.cpus()).finish_non_exhaustive()
     }
 }
 
@@ -141,24 +139,9 @@ impl Vm {
         let mut readers = readers.into_iter();
         let cpus = CpuSet::new(config.cpus, |_| {
             let reader = readers.next().expect("one reader per slot");
-            (
-                PerCpu {
-                    counters: CounterSet::new(),
-                },
-                PerCpuOwned {
-                    rcu: reader,
-                    next_object: Cell::new(1),
-                },
-            )
+            (PerCpu { counters: CounterSet::new() }, PerCpuOwned { rcu: reader, next_object: Cell::new(1) })
         });
-        Ok(Vm {
-            m: Arc::new(Machine {
-                config,
-                phys,
-                rcu,
-                cpus,
-            }),
-        })
+        Ok(Vm { m: Arc::new(Machine { config, phys, rcu, cpus }) })
     }
 
     /// The configuration.
@@ -172,15 +155,9 @@ impl Vm {
     /// [`Error::AlreadyAttached`] when this thread already holds one.
     pub fn attach(&self) -> Result<CpuGuard> {
         match self.m.cpus.attach() {
-            Ok(a) => Ok(CpuGuard {
-                vm: self.clone(),
-                attachment: Some(a),
-                _not_send: PhantomData,
-            }),
+            Ok(a) => Ok(CpuGuard { vm: self.clone(), attachment: Some(a), _not_send: PhantomData }),
             Err(Some(cpu)) => Err(Error::AlreadyAttached { cpu }),
-            Err(None) => Err(Error::NoCpu {
-                cpus: self.m.config.cpus,
-            }),
+            Err(None) => Err(Error::NoCpu { cpus: self.m.config.cpus }),
         }
     }
 
@@ -206,9 +183,7 @@ impl Vm {
             total_pages: phys.total_frames(),
             free_pages: phys.free_frames(),
             global_lock_acquisitions: phys.lock_acquisitions(),
-            cpus_attached: (0..self.m.cpus.cpus())
-                .filter(|&i| self.m.cpus.is_attached(i))
-                .count() as u64,
+            cpus_attached: (0..self.m.cpus.cpus()).filter(|&i| self.m.cpus.is_attached(i)).count() as u64,
             ..Stats::default()
         };
         for i in 0..phys.total_frames() as u32 {
@@ -244,12 +219,7 @@ impl Vm {
         let mut claim = self.claim();
         let index = claim.index();
         let (cpu, own) = claim.parts();
-        let ctx = Ctx {
-            m: &self.m,
-            cpu,
-            own: &*own,
-            index,
-        };
+        let ctx = Ctx { m: &self.m, cpu, own: &*own, index };
         f(&ctx)
     }
 
@@ -290,13 +260,7 @@ mod tests {
     use super::*;
 
     fn small() -> Vm {
-        Vm::new(VmConfig {
-            phys_bytes: 1 << 20,
-            cpus: 2,
-            prefault: false,
-            ..VmConfig::default()
-        })
-        .unwrap()
+        Vm::new(VmConfig { phys_bytes: 1 << 20, cpus: 2, prefault: false, ..VmConfig::default() }).unwrap()
     }
 
     #[test]
@@ -305,17 +269,12 @@ mod tests {
         assert_eq!(vm.current_cpu(), None);
         let g = vm.attach().unwrap();
         assert_eq!(vm.current_cpu(), Some(g.cpu()));
-        assert_eq!(
-            vm.attach().unwrap_err(),
-            Error::AlreadyAttached { cpu: g.cpu() }
-        );
+        assert_eq!(vm.attach().unwrap_err(), Error::AlreadyAttached { cpu: g.cpu() });
         let vm2 = vm.clone();
         let t = std::thread::spawn(move || {
             let _g = vm2.attach().unwrap();
             let vm3 = vm2.clone();
-            std::thread::spawn(move || vm3.attach().unwrap_err())
-                .join()
-                .unwrap()
+            std::thread::spawn(move || vm3.attach().unwrap_err()).join().unwrap()
         });
         assert_eq!(t.join().unwrap(), Error::NoCpu { cpus: 2 });
         assert_eq!(vm.stats().cpus_attached, 1);
@@ -336,11 +295,7 @@ mod tests {
 
     #[test]
     fn bad_config_is_an_error() {
-        let e = Vm::new(VmConfig {
-            cpus: 0,
-            ..VmConfig::default()
-        })
-        .unwrap_err();
+        let e = Vm::new(VmConfig { cpus: 0, ..VmConfig::default() }).unwrap_err();
         assert_eq!(e.errno(), libc::EINVAL);
     }
 }

@@ -8,30 +8,15 @@ const RW: Prot = Prot::READ.union(Prot::WRITE);
 const PA: MapFlags = MapFlags::PRIVATE.union(MapFlags::ANONYMOUS);
 
 fn small(phys_bytes: u64, cpus: usize) -> Vm {
-    Vm::new(VmConfig {
-        phys_bytes,
-        cpus,
-        prefault: false,
-        ..VmConfig::default()
-    })
-    .unwrap()
+    Vm::new(VmConfig { phys_bytes, cpus, prefault: false, ..VmConfig::default() }).unwrap()
 }
 
 #[test]
 fn the_api_of_the_issue() -> Result<(), Error> {
-    let vm = Vm::new(VmConfig {
-        phys_bytes: 256 << 20,
-        cpus: 4,
-        ..VmConfig::default()
-    })?;
+    let vm = Vm::new(VmConfig { phys_bytes: 256 << 20, cpus: 4, ..VmConfig::default() })?;
     let _cpu = vm.attach()?;
     let space = vm.new_space()?;
-    let a: u64 = space.mmap(
-        0,
-        1 << 20,
-        Prot::READ | Prot::WRITE,
-        MapFlags::PRIVATE | MapFlags::ANONYMOUS,
-    )?;
+    let a: u64 = space.mmap(0, 1 << 20, Prot::READ | Prot::WRITE, MapFlags::PRIVATE | MapFlags::ANONYMOUS)?;
     space.write(a + 10, b"hello")?;
     let mut buf = [0u8; 5];
     space.read(a + 10, &mut buf)?;
@@ -39,13 +24,7 @@ fn the_api_of_the_issue() -> Result<(), Error> {
     space.touch(a, Access::Write)?;
     space.mprotect(a, 4096, Prot::READ)?;
     let err = space.write(a, b"x").unwrap_err();
-    assert_eq!(
-        err,
-        Error::Segv {
-            addr: a,
-            code: SegvCode::AccErr
-        }
-    );
+    assert_eq!(err, Error::Segv { addr: a, code: SegvCode::AccErr });
     assert_eq!(err.errno(), libc::EFAULT);
     space.madvise(a, 1 << 20, Advice::DontNeed)?;
     space.read(a + 10, &mut buf)?;
@@ -78,10 +57,7 @@ fn mmap_places_top_down_and_honours_free_hints() {
     assert_ne!(space.mmap(hint, P, RW, PA).unwrap(), hint);
     assert_eq!(space.mmap(0x5555_5123, P, RW, PA).unwrap(), 0x5555_5000);
     // A hint below mmap_min_addr moves up to it.
-    assert_eq!(
-        space.mmap(0x1000, P, RW, PA).unwrap(),
-        vmfault::MMAP_MIN_ADDR
-    );
+    assert_eq!(space.mmap(0x1000, P, RW, PA).unwrap(), vmfault::MMAP_MIN_ADDR);
     let err = space.mmap(0x1000, P, RW, PA | MapFlags::FIXED).unwrap_err();
     assert_eq!(err.errno(), libc::EPERM);
 }
@@ -93,30 +69,18 @@ fn bad_arguments_are_errors_not_panics() {
     fn einval<T: std::fmt::Debug>(r: Result<T, Error>) -> i32 {
         r.unwrap_err().errno()
     }
-    assert_eq!(
-        einval(space.mmap(0, P, Prot::from_bits_retain(0x100), PA)),
-        libc::EINVAL
-    );
-    assert_eq!(
-        einval(space.mmap(0, P, RW, PA | MapFlags::from_bits_retain(0x0800_0000))),
-        libc::EINVAL
-    );
+    assert_eq!(einval(space.mmap(0, P, Prot::from_bits_retain(0x100), PA)), libc::EINVAL);
+    assert_eq!(einval(space.mmap(0, P, RW, PA | MapFlags::from_bits_retain(0x0800_0000))), libc::EINVAL);
     assert_eq!(einval(space.mmap(0, P, RW, MapFlags::PRIVATE)), libc::EBADF);
     assert_eq!(einval(space.mmap(0, u64::MAX, RW, PA)), libc::ENOMEM);
     assert_eq!(einval(space.munmap(u64::MAX - 4095, P)), libc::EINVAL);
     assert_eq!(einval(space.mprotect(0, u64::MAX, RW)), libc::ENOMEM);
-    assert_eq!(
-        einval(space.madvise(P, u64::MAX, Advice::DontNeed)),
-        libc::EINVAL
-    );
+    assert_eq!(einval(space.madvise(P, u64::MAX, Advice::DontNeed)), libc::EINVAL);
     assert!(space.read(u64::MAX - 2, &mut [0u8; 8]).is_err());
     assert!(space.write(u64::MAX, &[1]).is_err());
     assert_eq!(
         space.touch(vmfault::TASK_SIZE, Access::Read),
-        Err(Error::Segv {
-            addr: vmfault::TASK_SIZE,
-            code: SegvCode::MapErr
-        })
+        Err(Error::Segv { addr: vmfault::TASK_SIZE, code: SegvCode::MapErr })
     );
     // A zero-length access touches nothing, even at a bad address.
     assert_eq!(space.read(0, &mut []), Ok(()));
@@ -131,49 +95,19 @@ fn segv_codes_and_first_bad_address() {
     let a = space.mmap(0, 3 * P, RW, PA).unwrap();
     space.munmap(a + 2 * P, P).unwrap();
     space.mprotect(a + P, P, Prot::NONE).unwrap();
-    assert_eq!(
-        space.touch(a + P + 5, Access::Read),
-        Err(Error::Segv {
-            addr: a + P + 5,
-            code: SegvCode::AccErr
-        })
-    );
-    assert_eq!(
-        space.touch(a + 2 * P, Access::Read),
-        Err(Error::Segv {
-            addr: a + 2 * P,
-            code: SegvCode::MapErr
-        })
-    );
-    assert_eq!(
-        space.touch(a, Access::Exec),
-        Err(Error::Segv {
-            addr: a,
-            code: SegvCode::AccErr
-        })
-    );
+    assert_eq!(space.touch(a + P + 5, Access::Read), Err(Error::Segv { addr: a + P + 5, code: SegvCode::AccErr }));
+    assert_eq!(space.touch(a + 2 * P, Access::Read), Err(Error::Segv { addr: a + 2 * P, code: SegvCode::MapErr }));
+    assert_eq!(space.touch(a, Access::Exec), Err(Error::Segv { addr: a, code: SegvCode::AccErr }));
     // A write that crosses into the PROT_NONE page stores the bytes before it.
     let data = [7u8; 100];
     let err = space.write(a + P - 50, &data).unwrap_err();
-    assert_eq!(
-        err,
-        Error::Segv {
-            addr: a + P,
-            code: SegvCode::AccErr
-        }
-    );
+    assert_eq!(err, Error::Segv { addr: a + P, code: SegvCode::AccErr });
     let mut back = [0u8; 50];
     space.read(a + P - 50, &mut back).unwrap();
     assert_eq!(back, [7u8; 50]);
     let mut buf = [1u8; 100];
     let err = space.read(a + P - 50, &mut buf).unwrap_err();
-    assert_eq!(
-        err,
-        Error::Segv {
-            addr: a + P,
-            code: SegvCode::AccErr
-        }
-    );
+    assert_eq!(err, Error::Segv { addr: a + P, code: SegvCode::AccErr });
     assert_eq!(&buf[..50], &[7u8; 50]);
     assert_eq!(vm.stats().segv, 5);
 }
@@ -184,17 +118,12 @@ fn vcpu_slots_attach_run_out_and_unattached_threads_share_one() {
     let space = vm.new_space().unwrap();
     let a = space.mmap(0, 64 * P, RW, PA).unwrap();
     let g = vm.attach().unwrap();
-    assert_eq!(
-        vm.attach().unwrap_err(),
-        Error::AlreadyAttached { cpu: g.cpu() }
-    );
+    assert_eq!(vm.attach().unwrap_err(), Error::AlreadyAttached { cpu: g.cpu() });
     let vm2 = vm.clone();
     let t = std::thread::spawn(move || {
         let _g = vm2.attach().unwrap();
         let vm3 = vm2.clone();
-        std::thread::spawn(move || vm3.attach().map(|_| ()))
-            .join()
-            .unwrap()
+        std::thread::spawn(move || vm3.attach().map(|_| ())).join().unwrap()
     });
     assert_eq!(t.join().unwrap(), Err(Error::NoCpu { cpus: 2 }));
     // Eight unattached threads fault concurrently through the shared slot.
@@ -203,9 +132,7 @@ fn vcpu_slots_attach_run_out_and_unattached_threads_share_one() {
             let space = space.clone();
             std::thread::spawn(move || {
                 for p in 0..8 {
-                    space
-                        .write(a + (i * 8 + p) * P, &[i as u8 + 1; 16])
-                        .unwrap();
+                    space.write(a + (i * 8 + p) * P, &[i as u8 + 1; 16]).unwrap();
                 }
             })
         })
@@ -252,9 +179,7 @@ fn out_of_frames_is_enomem_and_leaks_nothing() {
         assert_eq!(b, [0xAB; 8]);
     }
     // Shared mappings need a frame for their object: ENOMEM, nothing mapped.
-    let e = space
-        .mmap(0, P, RW, MapFlags::SHARED | MapFlags::ANONYMOUS)
-        .unwrap_err();
+    let e = space.mmap(0, P, RW, MapFlags::SHARED | MapFlags::ANONYMOUS).unwrap_err();
     assert_eq!(e.errno(), libc::ENOMEM);
     space.munmap(a, 256 * P).unwrap();
     assert_eq!(vm.stats().free_pages, initial);
@@ -262,11 +187,7 @@ fn out_of_frames_is_enomem_and_leaks_nothing() {
     let b2 = space.mmap(0, 8 * P, RW, PA | MapFlags::POPULATE).unwrap();
     space.write(b2, b"again").unwrap();
     drop(space);
-    assert_eq!(
-        vm.stats().free_pages,
-        initial + 1,
-        "the page-table root is freed with the space"
-    );
+    assert_eq!(vm.stats().free_pages, initial + 1, "the page-table root is freed with the space");
 }
 
 #[test]
@@ -278,14 +199,8 @@ fn populate_and_zero_page_statistics() {
     let s = vm.stats();
     assert_eq!(s.zero_fill - before.zero_fill, 16);
     space.touch(a, Access::Write).unwrap();
-    assert_eq!(
-        vm.stats().faults,
-        s.faults,
-        "populated pages do not fault again"
-    );
-    let r = space
-        .mmap(0, 16 * P, Prot::READ, PA | MapFlags::POPULATE)
-        .unwrap();
+    assert_eq!(vm.stats().faults, s.faults, "populated pages do not fault again");
+    let r = space.mmap(0, 16 * P, Prot::READ, PA | MapFlags::POPULATE).unwrap();
     assert_eq!(vm.stats().zero_page_maps - s.zero_page_maps, 16);
     let mut b = [9u8; 3];
     space.read(r + 5 * P, &mut b).unwrap();

@@ -15,18 +15,9 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
 #[test]
 fn differential_against_host_kernel() {
-    let cases = std::env::var("VMFAULT_DIFF_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(100);
-    let mut runner = TestRunner::new(Config {
-        cases,
-        failure_persistence: None,
-        ..Config::default()
-    });
-    let result = runner.run(&sequence(0..=99), |ops| {
-        check_against_host(&ops).map_err(TestCaseError::fail)
-    });
+    let cases = std::env::var("VMFAULT_DIFF_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(100);
+    let mut runner = TestRunner::new(Config { cases, failure_persistence: None, ..Config::default() });
+    let result = runner.run(&sequence(0..=99), |ops| check_against_host(&ops).map_err(TestCaseError::fail));
     if let Err(e) = result {
         panic!("{e}");
     }

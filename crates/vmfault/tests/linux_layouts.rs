@@ -14,62 +14,31 @@ const RWX: u32 = RW | libc::PROT_EXEC as u32;
 const NONE: u32 = 0;
 
 fn anon(private: bool) -> u32 {
-    (if private {
-        libc::MAP_PRIVATE
-    } else {
-        libc::MAP_SHARED
-    } | libc::MAP_ANONYMOUS) as u32
+    (if private { libc::MAP_PRIVATE } else { libc::MAP_SHARED } | libc::MAP_ANONYMOUS) as u32
 }
 
 fn map(page: u64, pages: u64, prot: u32, private: bool) -> TOp {
-    TOp::Mmap {
-        place: Place::Fixed,
-        off: page * P,
-        len: pages * P,
-        prot,
-        flags: anon(private),
-    }
+    TOp::Mmap { place: Place::Fixed, off: page * P, len: pages * P, prot, flags: anon(private) }
 }
 
 fn map_flags(page: u64, pages: u64, prot: u32, flags: u32) -> TOp {
-    TOp::Mmap {
-        place: Place::Fixed,
-        off: page * P,
-        len: pages * P,
-        prot,
-        flags,
-    }
+    TOp::Mmap { place: Place::Fixed, off: page * P, len: pages * P, prot, flags }
 }
 
 fn protect(page: u64, pages: u64, prot: u32) -> TOp {
-    TOp::Mprotect {
-        off: page * P,
-        len: pages * P,
-        prot,
-    }
+    TOp::Mprotect { off: page * P, len: pages * P, prot }
 }
 
 fn advise(page: u64, pages: u64, advice: i32) -> TOp {
-    TOp::Madvise {
-        off: page * P,
-        len: pages * P,
-        advice,
-    }
+    TOp::Madvise { off: page * P, len: pages * P, advice }
 }
 
 fn store(page: u64) -> TOp {
-    TOp::Write {
-        off: page * P + 7,
-        len: 3,
-        seed: page as u8,
-    }
+    TOp::Write { off: page * P + 7, len: 3, seed: page as u8 }
 }
 
 fn load(page: u64, pages: u64) -> TOp {
-    TOp::Read {
-        off: page * P,
-        len: pages * P,
-    }
+    TOp::Read { off: page * P, len: pages * P }
 }
 
 fn check(ops: &[TOp]) {
@@ -80,13 +49,7 @@ fn check(ops: &[TOp]) {
 
 #[test]
 fn mprotect_changes_mappings_before_a_hole_then_fails() {
-    check(&[
-        map(0, 4, RW, true),
-        map(6, 4, RW, true),
-        protect(0, 10, R),
-        store(0),
-        load(0, 10),
-    ]);
+    check(&[map(0, 4, RW, true), map(6, 4, RW, true), protect(0, 10, R), store(0), load(0, 10)]);
 }
 
 #[test]
@@ -96,57 +59,27 @@ fn untouched_private_memory_made_read_only_loses_its_charge_and_merges() {
 
 #[test]
 fn touched_private_memory_keeps_its_charge_and_does_not_merge() {
-    check(&[
-        map(0, 4, RW, true),
-        store(0),
-        protect(0, 4, R),
-        map(4, 4, R, true),
-    ]);
+    check(&[map(0, 4, RW, true), store(0), protect(0, 4, R), map(4, 4, R, true)]);
 }
 
 #[test]
 fn a_neighbour_without_object_merges_once_compatible() {
-    check(&[
-        map(0, 4, RW, true),
-        map(4, 4, R, true),
-        store(0),
-        protect(4, 4, RW),
-        store(4),
-    ]);
+    check(&[map(0, 4, RW, true), map(4, 4, R, true), store(0), protect(4, 4, RW), store(4)]);
 }
 
 #[test]
 fn first_write_fault_adopts_the_neighbours_object() {
-    check(&[
-        map(0, 4, RW, true),
-        map(4, 4, RX, true),
-        store(0),
-        protect(4, 4, RWX),
-        store(4),
-        protect(4, 4, RW),
-    ]);
+    check(&[map(0, 4, RW, true), map(4, 4, RX, true), store(0), protect(4, 4, RWX), store(4), protect(4, 4, RW)]);
 }
 
 #[test]
 fn filling_the_gap_between_two_objects_merges_left_only() {
-    check(&[
-        map(0, 4, RW, true),
-        map(5, 4, RW, true),
-        store(0),
-        store(5),
-        map(4, 1, RW, true),
-    ]);
+    check(&[map(0, 4, RW, true), map(5, 4, RW, true), store(0), store(5), map(4, 1, RW, true)]);
 }
 
 #[test]
 fn fixed_over_the_middle_of_a_mapping_merges_back() {
-    check(&[
-        map(0, 8, RW, true),
-        store(0),
-        store(3),
-        map(2, 2, RW, true),
-        load(0, 8),
-    ]);
+    check(&[map(0, 8, RW, true), store(0), store(3), map(2, 2, RW, true), load(0, 8)]);
     check(&[map(0, 8, RW, true), map(2, 2, RW, true)]);
 }
 
@@ -154,23 +87,9 @@ fn fixed_over_the_middle_of_a_mapping_merges_back() {
 fn zero_lengths_and_overflows() {
     check(&[
         TOp::Munmap { off: 0, len: 0 },
-        TOp::Mprotect {
-            off: 0,
-            len: 0,
-            prot: R,
-        },
-        TOp::Madvise {
-            off: 0,
-            len: 0,
-            advice: libc::MADV_DONTNEED,
-        },
-        TOp::Mmap {
-            place: Place::Fixed,
-            off: 0,
-            len: 0,
-            prot: R,
-            flags: anon(true),
-        },
+        TOp::Mprotect { off: 0, len: 0, prot: R },
+        TOp::Madvise { off: 0, len: 0, advice: libc::MADV_DONTNEED },
+        TOp::Mmap { place: Place::Fixed, off: 0, len: 0, prot: R, flags: anon(true) },
         TOp::Abs(AbsOp::MmapNoType),
         TOp::Abs(AbsOp::MmapHugeLen),
         TOp::Abs(AbsOp::MmapAlignOverflow),
@@ -182,18 +101,8 @@ fn zero_lengths_and_overflows() {
         TOp::Abs(AbsOp::MadviseHugeLen),
         TOp::Abs(AbsOp::MadviseWrapEnd),
         TOp::Abs(AbsOp::MadviseAboveTask),
-        TOp::Mprotect {
-            off: 0,
-            len: P,
-            prot: 0x100,
-        },
-        TOp::Mmap {
-            place: Place::Fixed,
-            off: 5,
-            len: P,
-            prot: R,
-            flags: anon(true),
-        },
+        TOp::Mprotect { off: 0, len: P, prot: 0x100 },
+        TOp::Mmap { place: Place::Fixed, off: 5, len: P, prot: R, flags: anon(true) },
         TOp::Munmap { off: 5, len: P },
     ]);
 }
@@ -228,11 +137,7 @@ fn madvise_random_and_sequential_split_and_normal_merges() {
 #[test]
 fn noreserve_does_not_merge_with_reserved() {
     let nr = libc::MAP_NORESERVE as u32;
-    check(&[
-        map(0, 2, RW, true),
-        map_flags(2, 2, RW, anon(true) | nr),
-        map_flags(4, 2, R, anon(true) | nr),
-    ]);
+    check(&[map(0, 2, RW, true), map_flags(2, 2, RW, anon(true) | nr), map_flags(4, 2, R, anon(true) | nr)]);
 }
 
 #[test]
@@ -259,16 +164,10 @@ fn private_data_survives_prot_none_and_dies_with_dontneed() {
         store(1),
         protect(0, 4, NONE),
         load(1, 1),
-        TOp::Touch {
-            off: P,
-            write: true,
-        },
+        TOp::Touch { off: P, write: true },
         protect(0, 4, R),
         load(1, 1),
-        TOp::Touch {
-            off: P,
-            write: true,
-        },
+        TOp::Touch { off: P, write: true },
         protect(0, 4, RW),
         advise(1, 1, libc::MADV_DONTNEED),
         load(0, 4),
@@ -277,14 +176,7 @@ fn private_data_survives_prot_none_and_dies_with_dontneed() {
 
 #[test]
 fn write_only_and_exec_mappings() {
-    check(&[
-        map(0, 2, libc::PROT_WRITE as u32, true),
-        store(0),
-        load(0, 1),
-        map(2, 2, RX, true),
-        load(2, 1),
-        store(2),
-    ]);
+    check(&[map(0, 2, libc::PROT_WRITE as u32, true), store(0), load(0, 1), map(2, 2, RX, true), load(2, 1), store(2)]);
 }
 
 #[test]
@@ -292,30 +184,13 @@ fn accesses_cross_into_holes_and_protected_pages() {
     check(&[
         map(0, 2, RW, true),
         map(3, 1, R, true),
-        TOp::Write {
-            off: P + 100,
-            len: 2 * P,
-            seed: 9,
-        },
+        TOp::Write { off: P + 100, len: 2 * P, seed: 9 },
         load(0, 2),
-        TOp::Write {
-            off: 3 * P - 10,
-            len: 20,
-            seed: 1,
-        },
-        TOp::Read {
-            off: P + 4000,
-            len: 3 * P,
-        },
+        TOp::Write { off: 3 * P - 10, len: 20, seed: 1 },
+        TOp::Read { off: P + 4000, len: 3 * P },
         map(2, 1, NONE, true),
-        TOp::Read {
-            off: P + 4000,
-            len: 3 * P,
-        },
-        TOp::Touch {
-            off: 2 * P,
-            write: false,
-        },
+        TOp::Read { off: P + 4000, len: 3 * P },
+        TOp::Touch { off: 2 * P, write: false },
     ]);
 }
 
@@ -323,48 +198,12 @@ fn accesses_cross_into_holes_and_protected_pages() {
 fn fixed_noreplace_and_hints() {
     check(&[
         map(4, 4, RW, true),
-        TOp::Mmap {
-            place: Place::NoReplace,
-            off: 6 * P,
-            len: 4 * P,
-            prot: RW,
-            flags: anon(true),
-        },
-        TOp::Mmap {
-            place: Place::NoReplace,
-            off: 8 * P,
-            len: 4 * P,
-            prot: RW,
-            flags: anon(true),
-        },
-        TOp::Mmap {
-            place: Place::NoReplace,
-            off: 20 * P + 1,
-            len: P,
-            prot: RW,
-            flags: anon(true),
-        },
-        TOp::Mmap {
-            place: Place::HintShared,
-            off: 30 * P,
-            len: 2 * P,
-            prot: RW,
-            flags: anon(false),
-        },
-        TOp::Mmap {
-            place: Place::HintShared,
-            off: 5 * P,
-            len: 2 * P,
-            prot: RW,
-            flags: anon(false),
-        },
-        TOp::Mmap {
-            place: Place::AnywhereShared,
-            off: 0,
-            len: 2 * P,
-            prot: RW,
-            flags: anon(false),
-        },
+        TOp::Mmap { place: Place::NoReplace, off: 6 * P, len: 4 * P, prot: RW, flags: anon(true) },
+        TOp::Mmap { place: Place::NoReplace, off: 8 * P, len: 4 * P, prot: RW, flags: anon(true) },
+        TOp::Mmap { place: Place::NoReplace, off: 20 * P + 1, len: P, prot: RW, flags: anon(true) },
+        TOp::Mmap { place: Place::HintShared, off: 30 * P, len: 2 * P, prot: RW, flags: anon(false) },
+        TOp::Mmap { place: Place::HintShared, off: 5 * P, len: 2 * P, prot: RW, flags: anon(false) },
+        TOp::Mmap { place: Place::AnywhereShared, off: 0, len: 2 * P, prot: RW, flags: anon(false) },
     ]);
 }
 

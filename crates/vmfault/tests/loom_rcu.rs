@@ -21,13 +21,7 @@ use loom::thread;
 use vmfault::sync::rcu::Rcu;
 
 #[test]
-#[cfg_attr(
-    any(
-        vmfault_mutation = "rcu_no_grace",
-        vmfault_mutation = "rcu_no_reader_fence"
-    ),
-    should_panic
-)]
+#[cfg_attr(any(vmfault_mutation = "rcu_no_grace", vmfault_mutation = "rcu_no_reader_fence"), should_panic)]
 fn unmapped_frame_is_not_reused_under_a_reader() {
     loom::model(|| {
         let (rcu, mut readers) = Rcu::new(2);
@@ -56,13 +50,7 @@ fn unmapped_frame_is_not_reused_under_a_reader() {
 }
 
 #[test]
-#[cfg_attr(
-    any(
-        vmfault_mutation = "rcu_no_grace",
-        vmfault_mutation = "rcu_no_reader_fence"
-    ),
-    should_panic
-)]
+#[cfg_attr(any(vmfault_mutation = "rcu_no_grace", vmfault_mutation = "rcu_no_reader_fence"), should_panic)]
 fn nested_sections_hold_the_grace_period_until_the_outer_one_ends() {
     loom::model(|| {
         let (rcu, mut readers) = Rcu::new(2);

@@ -32,29 +32,14 @@ impl ReferenceStateMachine for Reference {
         let targeted = prop_oneof![
             (pick.clone(), 0..P, 1..3 * P).prop_map(|(pg, at, len)| {
                 let off = pg * P + at;
-                TOp::Read {
-                    off,
-                    len: len.min(W - off),
-                }
+                TOp::Read { off, len: len.min(W - off) }
             }),
             (pick.clone(), 0..P, 1..3 * P, any::<u8>()).prop_map(|(pg, at, len, seed)| {
                 let off = pg * P + at;
-                TOp::Write {
-                    off,
-                    len: len.min(W - off),
-                    seed,
-                }
+                TOp::Write { off, len: len.min(W - off), seed }
             }),
-            (
-                pick.clone(),
-                1..6u64,
-                prop::sample::select(vec![0u32, 1, 3, 5])
-            )
-                .prop_map(|(pg, n, prot)| TOp::Mprotect {
-                    off: pg * P,
-                    len: (n * P).min(W - pg * P),
-                    prot
-                }),
+            (pick.clone(), 1..6u64, prop::sample::select(vec![0u32, 1, 3, 5]))
+                .prop_map(|(pg, n, prot)| TOp::Mprotect { off: pg * P, len: (n * P).min(W - pg * P), prot }),
             (pick, 1..6u64).prop_map(|(pg, n)| TOp::Madvise {
                 off: pg * P,
                 len: (n * P).min(W - pg * P),
@@ -82,22 +67,11 @@ impl StateMachineTest for Sut {
     type Reference = Reference;
 
     fn init_test(_: &Model) -> Sut {
-        let vm = Vm::new(VmConfig {
-            phys_bytes: 4 << 20,
-            cpus: 1,
-            prefault: false,
-            ..VmConfig::default()
-        })
-        .unwrap();
+        let vm = Vm::new(VmConfig { phys_bytes: 4 << 20, cpus: 1, prefault: false, ..VmConfig::default() }).unwrap();
         let space = vm.new_space().unwrap();
         let initial_free = vm.stats().free_pages;
         vmfault_guards(&space, VM_BASE);
-        Sut {
-            vm,
-            space,
-            initial_free,
-            steps: 0,
-        }
+        Sut { vm, space, initial_free, steps: 0 }
     }
 
     fn apply(mut sut: Sut, model: &Model, op: TOp) -> Sut {
@@ -114,10 +88,7 @@ impl StateMachineTest for Sut {
         for (page, bytes) in model.readable_pages() {
             let mut buf = vec![0u8; P as usize];
             sut.space.read(VM_BASE + page * P, &mut buf).unwrap();
-            assert!(
-                buf == bytes,
-                "contents of window page {page} differ from the model"
-            );
+            assert!(buf == bytes, "contents of window page {page} differ from the model");
         }
     }
 

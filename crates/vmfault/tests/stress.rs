@@ -31,20 +31,12 @@ fn window_base(t: usize) -> u64 {
 
 #[test]
 fn vcpus_in_one_space_stay_exact_and_leak_nothing() {
-    let vm = Vm::new(VmConfig {
-        phys_bytes: 64 << 20,
-        cpus: THREADS,
-        prefault: false,
-        ..VmConfig::default()
-    })
-    .unwrap();
+    let vm = Vm::new(VmConfig { phys_bytes: 64 << 20, cpus: THREADS, prefault: false, ..VmConfig::default() }).unwrap();
     let space = vm.new_space().unwrap();
     let initial_free = vm.stats().free_pages;
     let shared_len = OWN * P * THREADS as u64;
     let fl = MapFlags::SHARED | MapFlags::ANONYMOUS | MapFlags::FIXED;
-    space
-        .mmap(SHARED_BASE, shared_len, Prot::READ | Prot::WRITE, fl)
-        .unwrap();
+    space.mmap(SHARED_BASE, shared_len, Prot::READ | Prot::WRITE, fl).unwrap();
     let barrier = Arc::new(Barrier::new(THREADS));
 
     let threads: Vec<_> = (0..THREADS)
@@ -55,10 +47,8 @@ fn vcpus_in_one_space_stay_exact_and_leak_nothing() {
                 let base = window_base(t);
                 vmfault_guards(&space, base);
                 let seed = [t as u8 + 1; 32];
-                let mut runner = TestRunner::new_with_rng(
-                    Config::default(),
-                    TestRng::from_seed(RngAlgorithm::ChaCha, &seed),
-                );
+                let mut runner =
+                    TestRunner::new_with_rng(Config::default(), TestRng::from_seed(RngAlgorithm::ChaCha, &seed));
                 let mine = SHARED_BASE + t as u64 * OWN * P;
                 let mut stamp = 0u8;
                 barrier.wait();
@@ -68,33 +58,17 @@ fn vcpus_in_one_space_stay_exact_and_leak_nothing() {
                     for (i, op) in ops.iter().enumerate() {
                         model.apply(op);
                         let got = run_vmfault(&space, base, op);
-                        assert_eq!(
-                            Some(&got),
-                            model.last.as_ref(),
-                            "thread {t} sequence {s} op {i}: {op:?}"
-                        );
+                        assert_eq!(Some(&got), model.last.as_ref(), "thread {t} sequence {s} op {i}: {op:?}");
                         // Race on the shared region: store into our pages,
                         // load and fault in everybody's.
                         stamp = stamp.wrapping_add(1);
                         let page = (i as u64 * 7 + t as u64) % OWN;
                         space.write(mine + page * P + 64, &[stamp; 32]).unwrap();
                         let other = SHARED_BASE + ((i as u64 * 13) % (OWN * THREADS as u64)) * P;
-                        space
-                            .touch(
-                                other,
-                                if i % 2 == 0 {
-                                    Access::Read
-                                } else {
-                                    Access::Write
-                                },
-                            )
-                            .unwrap();
+                        space.touch(other, if i % 2 == 0 { Access::Read } else { Access::Write }).unwrap();
                         let mut back = [0u8; 32];
                         space.read(mine + page * P + 64, &mut back).unwrap();
-                        assert_eq!(
-                            back, [stamp; 32],
-                            "thread {t}: own bytes in the shared region changed"
-                        );
+                        assert_eq!(back, [stamp; 32], "thread {t}: own bytes in the shared region changed");
                         if i % 17 == 0 {
                             // Shared memory keeps its contents across DONTNEED.
                             space.madvise(mine, OWN * P, Advice::DontNeed).unwrap();

@@ -27,14 +27,9 @@ impl AddressSpace {
         let s = &self.s;
         s.vm.with_ctx(|ctx| {
             let phys = &ctx.m.phys;
-            s.access(
-                ctx,
-                Op::Read,
-                addr,
-                buf.len(),
-                Access::Read,
-                |pfn, off, at, n| phys.read_bytes(pfn, off, &mut buf[at..at + n]),
-            )
+            s.access(ctx, Op::Read, addr, buf.len(), Access::Read, |pfn, off, at, n| {
+                phys.read_bytes(pfn, off, &mut buf[at..at + n])
+            })
         })
     }
 
@@ -46,14 +41,9 @@ impl AddressSpace {
         let s = &self.s;
         s.vm.with_ctx(|ctx| {
             let phys = &ctx.m.phys;
-            s.access(
-                ctx,
-                Op::Write,
-                addr,
-                data.len(),
-                Access::Write,
-                |pfn, off, at, n| phys.write_bytes(pfn, off, &data[at..at + n]),
-            )
+            s.access(ctx, Op::Write, addr, data.len(), Access::Write, |pfn, off, at, n| {
+                phys.write_bytes(pfn, off, &data[at..at + n])
+            })
         })
     }
 
@@ -86,10 +76,7 @@ impl Space {
                 // Beyond the user address space: no page table to walk.
                 ctx.count(Counter::faults);
                 ctx.count(Counter::segv);
-                return Err(Error::Segv {
-                    addr: a,
-                    code: SegvCode::MapErr,
-                });
+                return Err(Error::Segv { addr: a, code: SegvCode::MapErr });
             }
             let off = (a % PAGE_SIZE) as usize;
             let n = (PAGE_SIZE as usize - off).min(len - done);
@@ -117,10 +104,7 @@ impl Space {
         self.vm.with_ctx(|ctx| {
             let mut a = start;
             while a < start + len {
-                if self
-                    .access(ctx, Op::Mmap, a, 1, access, |_, _, _, _| {})
-                    .is_err()
-                {
+                if self.access(ctx, Op::Mmap, a, 1, access, |_, _, _, _| {}).is_err() {
                     break;
                 }
                 a += PAGE_SIZE;

@@ -24,11 +24,7 @@ pub(crate) const TASK_UNMAPPED_BASE: u64 = (TASK_SIZE / 3) & !(PAGE_SIZE - 1);
 /// moves up to it; hints are page-aligned downwards.
 pub(crate) fn round_hint(hint: u64) -> u64 {
     let hint = hint & !(PAGE_SIZE - 1);
-    if hint != 0 && hint < MMAP_MIN_ADDR {
-        MMAP_MIN_ADDR
-    } else {
-        hint
-    }
+    if hint != 0 && hint < MMAP_MIN_ADDR { MMAP_MIN_ADDR } else { hint }
 }
 
 /// A free range of `len` bytes (page-aligned, `len <= TASK_SIZE`), at
@@ -37,8 +33,7 @@ pub(crate) fn unmapped_area(tree: &VmaTree, hint: u64, len: u64) -> Option<u64> 
     if hint != 0 && hint <= TASK_SIZE - len && !tree.intersects(hint, hint + len) {
         return Some(hint);
     }
-    top_down(tree, len, MMAP_MIN_ADDR, MMAP_BASE)
-        .or_else(|| bottom_up(tree, len, TASK_UNMAPPED_BASE, TASK_SIZE))
+    top_down(tree, len, MMAP_MIN_ADDR, MMAP_BASE).or_else(|| bottom_up(tree, len, TASK_UNMAPPED_BASE, TASK_SIZE))
 }
 
 /// The highest `len`-byte gap inside `low..high`.
@@ -87,14 +82,7 @@ mod tests {
     fn tree(ranges: &[(u64, u64)]) -> VmaTree {
         let mut t = VmaTree::default();
         for &(s, e) in ranges {
-            t.insert(Arc::new(Vma::new(
-                s,
-                e,
-                Prot::READ,
-                VmaFlags::empty(),
-                s >> 12,
-                None,
-            )));
+            t.insert(Arc::new(Vma::new(s, e, Prot::READ, VmaFlags::empty(), s >> 12, None)));
         }
         t
     }
@@ -109,10 +97,7 @@ mod tests {
         assert_eq!(unmapped_area(&t, 0x10_0000, P), Some(0x10_0000));
         assert_eq!(unmapped_area(&t, MMAP_BASE - P, P), Some(MMAP_BASE - 3 * P));
         // A hole between mappings that fits is used, one that does not is skipped.
-        let t = tree(&[
-            (MMAP_BASE - 10 * P, MMAP_BASE - 8 * P),
-            (MMAP_BASE - 7 * P, MMAP_BASE),
-        ]);
+        let t = tree(&[(MMAP_BASE - 10 * P, MMAP_BASE - 8 * P), (MMAP_BASE - 7 * P, MMAP_BASE)]);
         assert_eq!(unmapped_area(&t, 0, P), Some(MMAP_BASE - 8 * P));
         assert_eq!(unmapped_area(&t, 0, 2 * P), Some(MMAP_BASE - 12 * P));
     }

@@ -46,30 +46,20 @@ impl Space {
         let end = match page_align_up(len).and_then(|l| addr.checked_add(l)) {
             Some(e) => e,
             None => {
-                return Err(Error::inval(
-                    op,
-                    "range wraps around the address space",
-                    len,
-                ));
+                return Err(Error::inval(op, "range wraps around the address space", len));
             }
         };
         if end == addr {
             return Ok(());
         }
         match advice {
-            Advice::Normal | Advice::Random | Advice::Sequential => {
-                self.madvise_flags(ctx, addr, end, advice)
-            }
+            Advice::Normal | Advice::Random | Advice::Sequential => self.madvise_flags(ctx, addr, end, advice),
             Advice::DontNeed => self.dontneed(ctx, addr, end),
             Advice::WillNeed | Advice::Free => {
                 let map = self.map_read(ctx);
                 walk(op, &map, addr, end, |v, _, _| {
                     if advice == Advice::Free && v.is_shared() {
-                        return Err(Error::inval(
-                            op,
-                            "MADV_FREE applies to private anonymous memory only",
-                            v.start,
-                        ));
+                        return Err(Error::inval(op, "MADV_FREE applies to private anonymous memory only", v.start));
                     }
                     Ok(())
                 })
@@ -136,11 +126,7 @@ fn walk(
     end: u64,
     mut f: impl FnMut(&super::vma::Vma, u64, u64) -> Result<()>,
 ) -> Result<()> {
-    let hole = Error::NotMapped {
-        op,
-        addr: start,
-        end,
-    };
+    let hole = Error::NotMapped { op, addr: start, end };
     let mut unmapped = false;
     let mut pos = start;
     let mut any = false;
@@ -158,9 +144,5 @@ fn walk(
         // Nothing from `start` on inside the range: Linux returns ENOMEM at once.
         return Err(hole);
     }
-    if unmapped || pos < end {
-        Err(hole)
-    } else {
-        Ok(())
-    }
+    if unmapped || pos < end { Err(hole) } else { Ok(()) }
 }

@@ -47,28 +47,13 @@ impl AddressSpace {
 impl Space {
     /// The mapping itself; returns the address and, for `POPULATE`, the
     /// access with which to fault the pages in.
-    fn mmap(
-        &self,
-        ctx: &Ctx<'_>,
-        addr: u64,
-        len: u64,
-        prot: Prot,
-        flags: MapFlags,
-    ) -> Result<(u64, Option<Access>)> {
+    fn mmap(&self, ctx: &Ctx<'_>, addr: u64, len: u64, prot: Prot, flags: MapFlags) -> Result<(u64, Option<Access>)> {
         let op = Op::Mmap;
         if MapFlags::from_bits(flags.bits()).is_none() {
-            return Err(Error::inval(
-                op,
-                "unknown MAP_* flag bits",
-                u64::from(flags.bits() & !MapFlags::all().bits()),
-            ));
+            return Err(Error::inval(op, "unknown MAP_* flag bits", u64::from(flags.bits() & !MapFlags::all().bits())));
         }
         if Prot::from_bits(prot.bits()).is_none() {
-            return Err(Error::inval(
-                op,
-                "unknown PROT_* bits",
-                u64::from(prot.bits()),
-            ));
+            return Err(Error::inval(op, "unknown PROT_* bits", u64::from(prot.bits())));
         }
         if !flags.contains(MapFlags::ANONYMOUS) {
             return Err(Error::BadFile { op });
@@ -86,33 +71,18 @@ impl Space {
 
         let mut map = self.map_write(ctx);
         if map.len() > MAX_MAP_COUNT {
-            return Err(Error::TooManyMappings {
-                op,
-                count: map.len(),
-                limit: MAX_MAP_COUNT,
-            });
+            return Err(Error::TooManyMappings { op, count: map.len(), limit: MAX_MAP_COUNT });
         }
-        let start = if fixed {
-            hint
-        } else {
-            unmapped_area(&map, hint, len).ok_or(Error::NoAddressSpace { op, addr, len })?
-        };
+        let start =
+            if fixed { hint } else { unmapped_area(&map, hint, len).ok_or(Error::NoAddressSpace { op, addr, len })? };
         if start > TASK_SIZE - len {
-            return Err(Error::NoAddressSpace {
-                op,
-                addr: start,
-                len,
-            });
+            return Err(Error::NoAddressSpace { op, addr: start, len });
         }
         if !is_page_aligned(start) {
             return Err(Error::inval(op, "fixed address not page-aligned", start));
         }
         if start < crate::types::MMAP_MIN_ADDR {
-            return Err(Error::Permission {
-                op,
-                reason: "mapping below mmap_min_addr",
-                value: start,
-            });
+            return Err(Error::Permission { op, reason: "mapping below mmap_min_addr", value: start });
         }
         let end = start + len;
         if flags.contains(MapFlags::FIXED_NOREPLACE) && map.intersects(start, end) {
@@ -130,10 +100,8 @@ impl Space {
         // Failing here leaves everything as it was.
         let object = match shared {
             true => Some(
-                Object::new_anon(ctx, &self.vm.m).map_err(|_| Error::NoMemory {
-                    op,
-                    what: "a shared object's page index",
-                })?,
+                Object::new_anon(ctx, &self.vm.m)
+                    .map_err(|_| Error::NoMemory { op, what: "a shared object's page index" })?,
             ),
             false => None,
         };
@@ -160,13 +128,8 @@ impl Space {
         self.free_unmapped(ctx, &frames);
         drop((carved, retired));
 
-        let populate = (flags.contains(MapFlags::POPULATE) && !prot.is_empty()).then(|| {
-            if prot.contains(Prot::WRITE) && !shared {
-                Access::Write
-            } else {
-                Access::Read
-            }
-        });
+        let populate = (flags.contains(MapFlags::POPULATE) && !prot.is_empty())
+            .then(|| if prot.contains(Prot::WRITE) && !shared { Access::Write } else { Access::Read });
         Ok((start, populate))
     }
 }

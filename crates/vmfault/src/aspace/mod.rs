@@ -84,17 +84,10 @@ pub(crate) struct Space {
 
 impl AddressSpace {
     pub(crate) fn new(vm: Vm) -> Result<AddressSpace> {
-        let pmap = Pmap::new(&vm.m.phys).map_err(|_| Error::NoMemory {
-            op: Op::NewSpace,
-            what: "a page-table root",
-        })?;
+        let pmap =
+            Pmap::new(&vm.m.phys).map_err(|_| Error::NoMemory { op: Op::NewSpace, what: "a page-table root" })?;
         Ok(AddressSpace {
-            s: Arc::new(Space {
-                vm,
-                map: RwLock::new(VmaTree::default()),
-                pmap,
-                anon_lock: Mutex::new(()),
-            }),
+            s: Arc::new(Space { vm, map: RwLock::new(VmaTree::default()), pmap, anon_lock: Mutex::new(()) }),
         })
     }
 
@@ -152,11 +145,7 @@ impl Drop for Space {
     fn drop(&mut self) {
         // No handle is left, so nobody can be faulting or walking: drop the
         // VMAs (their objects free their pages) and the page table.
-        let vmas = self
-            .map
-            .get_mut()
-            .unwrap_or_else(|p| p.into_inner())
-            .take_all();
+        let vmas = self.map.get_mut().unwrap_or_else(|p| p.into_inner()).take_all();
         drop(vmas);
         let mut frames = Vec::new();
         let phys = &self.vm.m.phys;

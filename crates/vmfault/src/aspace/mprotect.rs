@@ -44,16 +44,11 @@ fn accounted_flags(vma: &Vma, prot: Prot) -> VmaFlags {
     let mut flags = vma.flags;
     if prot.contains(Prot::WRITE) {
         if !vma.prot.contains(Prot::WRITE)
-            && !vma
-                .flags
-                .intersects(VmaFlags::ACCOUNT | VmaFlags::SHARED | VmaFlags::NORESERVE)
+            && !vma.flags.intersects(VmaFlags::ACCOUNT | VmaFlags::SHARED | VmaFlags::NORESERVE)
         {
             flags |= VmaFlags::ACCOUNT;
         }
-    } else if vma.flags.contains(VmaFlags::ACCOUNT)
-        && !vma.is_shared()
-        && vma.object.get().is_none()
-    {
+    } else if vma.flags.contains(VmaFlags::ACCOUNT) && !vma.is_shared() && vma.object.get().is_none() {
         flags -= VmaFlags::ACCOUNT;
     }
     flags
@@ -73,23 +68,12 @@ impl Space {
             _ => return Err(Error::NoAddressSpace { op, addr, len }),
         };
         if Prot::from_bits(prot.bits()).is_none() {
-            return Err(Error::inval(
-                op,
-                "unknown PROT_* bits",
-                u64::from(prot.bits()),
-            ));
+            return Err(Error::inval(op, "unknown PROT_* bits", u64::from(prot.bits())));
         }
         let mut retired = Vec::new();
         let result = {
             let mut map = self.map_write(ctx);
-            self.modify_range_locked(
-                ctx,
-                &mut map,
-                op,
-                addr..end,
-                |v| (prot, accounted_flags(v, prot)),
-                &mut retired,
-            )
+            self.modify_range_locked(ctx, &mut map, op, addr..end, |v| (prot, accounted_flags(v, prot)), &mut retired)
         };
         drop(retired);
         result
@@ -120,11 +104,7 @@ impl Space {
             let vma = match map.find(pos) {
                 Some(v) => v.clone(),
                 None => {
-                    result = Err(Error::NotMapped {
-                        op,
-                        addr: start,
-                        end,
-                    });
+                    result = Err(Error::NotMapped { op, addr: start, end });
                     break;
                 }
             };

@@ -40,11 +40,7 @@ impl Space {
             return Err(Error::inval(op, "address not page-aligned", addr));
         }
         if addr > TASK_SIZE || len > TASK_SIZE - addr {
-            return Err(Error::inval(
-                op,
-                "range extends beyond the user address space",
-                len,
-            ));
+            return Err(Error::inval(op, "range extends beyond the user address space", len));
         }
         let end = addr + page_align_up(len).expect("len <= TASK_SIZE");
         if end == addr {

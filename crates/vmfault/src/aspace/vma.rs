@@ -80,14 +80,7 @@ impl Vma {
         if let Some(o) = object {
             let _ = cell.set(o);
         }
-        Vma {
-            start,
-            end,
-            prot,
-            flags,
-            pgoff,
-            object: cell,
-        }
+        Vma { start, end, prot, flags, pgoff, object: cell }
     }
 
     /// A copy of this VMA restricted to `start..end`, with `prot`/`flags`.
@@ -129,12 +122,7 @@ impl Vma {
 
     /// The `/proc/self/maps` view.
     pub(crate) fn info(&self) -> MappingInfo {
-        MappingInfo {
-            start: self.start,
-            end: self.end,
-            prot: self.prot,
-            shared: self.is_shared(),
-        }
+        MappingInfo { start: self.start, end: self.end, prot: self.prot, shared: self.is_shared() }
     }
 }
 
@@ -152,10 +140,7 @@ impl VmaTree {
 
     /// The first VMA that ends above `addr` (it may start above it too).
     pub(crate) fn find_from(&self, addr: u64) -> Option<&Arc<Vma>> {
-        self.by_end
-            .range((Bound::Excluded(addr), Bound::Unbounded))
-            .next()
-            .map(|(_, v)| v)
+        self.by_end.range((Bound::Excluded(addr), Bound::Unbounded)).next().map(|(_, v)| v)
     }
 
     /// The VMA containing `addr`.
@@ -176,10 +161,7 @@ impl VmaTree {
 
     /// The VMAs intersecting `start..end`, in order.
     pub(crate) fn overlapping(&self, start: u64, end: u64) -> impl Iterator<Item = &Arc<Vma>> {
-        self.by_end
-            .range((Bound::Excluded(start), Bound::Unbounded))
-            .map(|(_, v)| v)
-            .take_while(move |v| v.start < end)
+        self.by_end.range((Bound::Excluded(start), Bound::Unbounded)).map(|(_, v)| v).take_while(move |v| v.start < end)
     }
 
     /// All VMAs in address order.
@@ -189,10 +171,7 @@ impl VmaTree {
 
     /// Insert a VMA; it must not overlap any other.
     pub(crate) fn insert(&mut self, vma: Arc<Vma>) {
-        debug_assert!(
-            !self.intersects(vma.start, vma.end),
-            "overlapping VMA insert"
-        );
+        debug_assert!(!self.intersects(vma.start, vma.end), "overlapping VMA insert");
         self.by_end.insert(vma.end, vma);
     }
 
@@ -215,11 +194,7 @@ impl VmaTree {
                 self.by_end.insert(v.end, Arc::new(v.clip(end, v.end)));
             }
             let (s, e) = (v.start.max(start), v.end.min(end));
-            removed.push(if (s, e) == (v.start, v.end) {
-                v
-            } else {
-                Arc::new(v.clip(s, e))
-            });
+            removed.push(if (s, e) == (v.start, v.end) { v } else { Arc::new(v.clip(s, e)) });
         }
         removed
     }
@@ -230,11 +205,7 @@ impl VmaTree {
     /// replaced VMAs, which the caller retires.
     pub(crate) fn merge_range(&mut self, start: u64, end: u64) -> Vec<Arc<Vma>> {
         let mut retired = Vec::new();
-        let mut cur = match self
-            .prev_of(start)
-            .cloned()
-            .or_else(|| self.find_from(start).cloned())
-        {
+        let mut cur = match self.prev_of(start).cloned().or_else(|| self.find_from(start).cloned()) {
             Some(v) => v,
             None => return retired,
         };
@@ -249,9 +220,7 @@ impl VmaTree {
             };
             if cur.can_merge_with(&next) {
                 let object = cur.object.get().or(next.object.get()).cloned();
-                let merged = Arc::new(Vma::new(
-                    cur.start, next.end, cur.prot, cur.flags, cur.pgoff, object,
-                ));
+                let merged = Arc::new(Vma::new(cur.start, next.end, cur.prot, cur.flags, cur.pgoff, object));
                 retired.push(self.remove(&cur));
                 retired.push(self.remove(&next));
                 self.by_end.insert(merged.end, merged.clone());
@@ -299,13 +268,7 @@ mod tests {
         assert!(t.intersects(19 * P, 31 * P));
         assert!(!t.intersects(20 * P, 30 * P));
         let removed = t.carve(15 * P, 35 * P);
-        assert_eq!(
-            removed
-                .iter()
-                .map(|v| (v.start / P, v.end / P))
-                .collect::<Vec<_>>(),
-            vec![(15, 20), (30, 35)]
-        );
+        assert_eq!(removed.iter().map(|v| (v.start / P, v.end / P)).collect::<Vec<_>>(), vec![(15, 20), (30, 35)]);
         assert_eq!(ranges(&t), vec![(10, 15), (35, 40)]);
         // The right part keeps a contiguous page offset.
         assert_eq!(t.find(35 * P).unwrap().pgoff, 35);
@@ -335,57 +298,15 @@ mod tests {
     #[test]
     fn shared_and_flags_block_merging() {
         let mut t = VmaTree::default();
-        t.insert(Arc::new(Vma::new(
-            0,
-            P,
-            Prot::READ,
-            VmaFlags::SHARED,
-            0,
-            None,
-        )));
-        t.insert(Arc::new(Vma::new(
-            P,
-            2 * P,
-            Prot::READ,
-            VmaFlags::SHARED,
-            1,
-            None,
-        )));
-        t.insert(Arc::new(Vma::new(
-            2 * P,
-            3 * P,
-            Prot::READ,
-            VmaFlags::NORESERVE,
-            2,
-            None,
-        )));
-        t.insert(Arc::new(Vma::new(
-            3 * P,
-            4 * P,
-            Prot::READ,
-            VmaFlags::empty(),
-            3,
-            None,
-        )));
+        t.insert(Arc::new(Vma::new(0, P, Prot::READ, VmaFlags::SHARED, 0, None)));
+        t.insert(Arc::new(Vma::new(P, 2 * P, Prot::READ, VmaFlags::SHARED, 1, None)));
+        t.insert(Arc::new(Vma::new(2 * P, 3 * P, Prot::READ, VmaFlags::NORESERVE, 2, None)));
+        t.insert(Arc::new(Vma::new(3 * P, 4 * P, Prot::READ, VmaFlags::empty(), 3, None)));
         assert!(t.merge_range(0, 4 * P).is_empty());
         // Non-contiguous page offsets do not merge either.
         let mut u = VmaTree::default();
-        u.insert(Arc::new(Vma::new(
-            0,
-            P,
-            Prot::READ,
-            VmaFlags::empty(),
-            0,
-            None,
-        )));
-        u.insert(Arc::new(Vma::new(
-            P,
-            2 * P,
-            Prot::READ,
-            VmaFlags::empty(),
-            5,
-            None,
-        )));
+        u.insert(Arc::new(Vma::new(0, P, Prot::READ, VmaFlags::empty(), 0, None)));
+        u.insert(Arc::new(Vma::new(P, 2 * P, Prot::READ, VmaFlags::empty(), 5, None)));
         assert!(u.merge_range(0, 2 * P).is_empty());
     }
 }

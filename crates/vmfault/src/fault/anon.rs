@@ -56,10 +56,7 @@ pub(super) fn resolve(
     } else {
         vma.object.get()
     };
-    let leaf = space
-        .pmap
-        .pte_alloc(phys, fault.addr)
-        .map_err(|_| nomem("a page-table page"))?;
+    let leaf = space.pmap.pte_alloc(phys, fault.addr).map_err(|_| nomem("a page-table page"))?;
 
     let _rcu = ctx.rcu_read();
     let existing = object.and_then(|o| o.lookup(pindex));
@@ -90,19 +87,9 @@ pub(super) fn resolve(
             if let Some(frame) = fresh {
                 phys.free_owned(frame);
             }
-            (
-                p,
-                if cur.is_present() {
-                    Resolved::Upgraded
-                } else {
-                    Resolved::Mapped
-                },
-            )
+            (p, if cur.is_present() { Resolved::Upgraded } else { Resolved::Mapped })
         }
-        (None, Some(frame)) => match object
-            .expect("allocating faults have an object")
-            .insert(pindex, frame)
-        {
+        (None, Some(frame)) => match object.expect("allocating faults have an object").insert(pindex, frame) {
             Ok(Insert::Ours(p)) => (p, Resolved::ZeroFill),
             Ok(Insert::Theirs(p)) => (p, Resolved::Mapped),
             Err((_, frame)) => {
@@ -128,12 +115,7 @@ pub(super) fn resolve(
 
 /// The object of `vma`, creating it (or adopting a neighbour's) if needed.
 /// Serialized by the space's anon lock.
-fn prepare<'v>(
-    ctx: &Ctx<'_>,
-    space: &Space,
-    map: &'v VmaTree,
-    vma: &'v Arc<Vma>,
-) -> Result<&'v Arc<Object>, ()> {
+fn prepare<'v>(ctx: &Ctx<'_>, space: &Space, map: &'v VmaTree, vma: &'v Arc<Vma>) -> Result<&'v Arc<Object>, ()> {
     if let Some(o) = vma.object.get() {
         return Ok(o);
     }
@@ -147,10 +129,7 @@ fn prepare<'v>(
     let reuse = next
         .filter(|n| compatible(vma, n))
         .and_then(|n| n.object.get())
-        .or_else(|| {
-            prev.filter(|p| compatible(p, vma))
-                .and_then(|p| p.object.get())
-        })
+        .or_else(|| prev.filter(|p| compatible(p, vma)).and_then(|p| p.object.get()))
         .cloned();
     let object = match reuse {
         Some(o) => o,

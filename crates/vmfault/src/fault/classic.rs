@@ -15,12 +15,7 @@ use crate::types::TASK_SIZE;
 use crate::vm::Ctx;
 
 /// Find the VMA, check the access, and resolve the fault under the map lock.
-pub(super) fn fault(
-    ctx: &Ctx<'_>,
-    space: &Space,
-    fault: Fault,
-    f: impl FnOnce(Pfn),
-) -> Result<Resolved> {
+pub(super) fn fault(ctx: &Ctx<'_>, space: &Space, fault: Fault, f: impl FnOnce(Pfn)) -> Result<Resolved> {
     if fault.addr >= TASK_SIZE {
         return Err(fault.segv(ctx, SegvCode::MapErr));
     }

@@ -54,10 +54,7 @@ impl Fault {
     /// The SIGSEGV this fault ends in.
     pub(crate) fn segv(&self, ctx: &Ctx<'_>, code: SegvCode) -> Error {
         ctx.count(Counter::segv);
-        Error::Segv {
-            addr: self.addr,
-            code,
-        }
+        Error::Segv { addr: self.addr, code }
     }
 }
 

@@ -47,11 +47,7 @@ impl Object {
     /// A new anonymous object.
     pub(crate) fn new_anon(ctx: &Ctx<'_>, m: &Arc<Machine>) -> Result<Arc<Object>, OutOfFrames> {
         let index = Radix::new(&m.phys, Kind::Index)?;
-        Ok(Arc::new(Object {
-            id: ctx.new_object_id(),
-            index,
-            m: m.clone(),
-        }))
+        Ok(Arc::new(Object { id: ctx.new_object_id(), index, m: m.clone() }))
     }
 
     /// The page at `pindex`, if resident. Use inside an RCU section (or
@@ -68,11 +64,7 @@ impl Object {
     /// Insert a filled page at `pindex`. Returns the page now at `pindex`:
     /// ours, or the one another vCPU inserted first (ours is then freed).
     /// On a lack of frames for the index, the page comes back unchanged.
-    pub(crate) fn insert(
-        &self,
-        pindex: u64,
-        page: OwnedFrame,
-    ) -> Result<Insert, (OutOfFrames, OwnedFrame)> {
+    pub(crate) fn insert(&self, pindex: u64, page: OwnedFrame) -> Result<Insert, (OutOfFrames, OwnedFrame)> {
         let phys: &PhysMem = &self.m.phys;
         let leaf = match self.index.leaf_alloc(phys, pindex) {
             Ok((leaf, _)) => leaf,
@@ -82,10 +74,7 @@ impl Object {
         let entry = (u64::from(pfn.0) << 12) | PRESENT;
         // Release: the page's contents (zeroed or copied while it was an
         // OwnedFrame) are visible to whoever finds it through the index.
-        match leaf
-            .entry
-            .compare_exchange(0, entry, Ordering::AcqRel, Ordering::Acquire)
-        {
+        match leaf.entry.compare_exchange(0, entry, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => {
                 let pfn = phys.publish(page, Kind::Data);
                 let desc = phys.page(pfn);
@@ -105,14 +94,13 @@ impl Object {
     /// grace period. Returns the number removed.
     pub(crate) fn remove_range(&self, start: u64, end: u64, out: &mut Vec<Pfn>) -> u64 {
         let mut n = 0;
-        self.index
-            .for_each_present(&self.m.phys, start, end, |_, leaf| {
-                let e = leaf.entry.swap(0, Ordering::AcqRel);
-                if e & PRESENT != 0 {
-                    out.push(Pfn((e >> 12) as u32));
-                    n += 1;
-                }
-            });
+        self.index.for_each_present(&self.m.phys, start, end, |_, leaf| {
+            let e = leaf.entry.swap(0, Ordering::AcqRel);
+            if e & PRESENT != 0 {
+                out.push(Pfn((e >> 12) as u32));
+                n += 1;
+            }
+        });
         n
     }
 }
@@ -131,12 +119,7 @@ impl Drop for Object {
         let mut frames = Vec::new();
         let mut leaves = Vec::new();
         self.index.teardown(&self.m.phys, &mut frames, &mut leaves);
-        frames.extend(
-            leaves
-                .into_iter()
-                .filter(|e| e & PRESENT != 0)
-                .map(|e| Pfn((e >> 12) as u32)),
-        );
+        frames.extend(leaves.into_iter().filter(|e| e & PRESENT != 0).map(|e| Pfn((e >> 12) as u32)));
         // Pages may still be mapped in PTEs that a walker read before they
         // were zapped: wait out the grace period inside free_after_grace.
         self.m.phys.free_after_grace(&self.m.rcu, &frames);

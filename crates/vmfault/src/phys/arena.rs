@@ -37,24 +37,10 @@ impl Arena {
             flags |= libc::MAP_POPULATE;
         }
         // SAFETY: a fresh anonymous mapping; no existing memory is affected.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                flags,
-                -1,
-                0,
-            )
-        };
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0) };
         if p == libc::MAP_FAILED {
-            let errno = std::io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::ENOMEM);
-            return Err(Error::Host {
-                call: "mmap of the frame arena",
-                errno,
-            });
+            let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::ENOMEM);
+            return Err(Error::Host { call: "mmap of the frame arena", errno });
         }
         // SAFETY: `p..p+len` is the mapping just created. Advice is best
         // effort: failure only costs performance (HUGEPAGE) or fork time.
@@ -62,10 +48,7 @@ impl Arena {
             libc::madvise(p, len, libc::MADV_DONTFORK);
             libc::madvise(p, len, libc::MADV_HUGEPAGE);
         }
-        Ok(Arena {
-            base: NonNull::new(p.cast()).expect("mmap returned null"),
-            len,
-        })
+        Ok(Arena { base: NonNull::new(p.cast()).expect("mmap returned null"), len })
     }
 
     /// Address of frame `pfn`'s first byte.

@@ -154,10 +154,7 @@ impl PhysMem {
             frames.iter().map(|&pfn| {
                 let page = &pages[pfn.0 as usize];
                 let kind = page.kind();
-                assert!(
-                    matches!(kind, Kind::Data | Kind::Table | Kind::Index),
-                    "freeing a {kind:?} frame"
-                );
+                assert!(matches!(kind, Kind::Data | Kind::Table | Kind::Index), "freeing a {kind:?} frame");
                 page.set_kind(kind, Kind::Owned);
                 page.object.store(0, Ordering::Relaxed);
                 pfn.0

@@ -90,11 +90,7 @@ impl Page {
     pub(crate) fn set_kind(&self, from: Kind, to: Kind) {
         if cfg!(debug_assertions) {
             let old = self.kind.swap(to as u32, Ordering::Relaxed);
-            assert_eq!(
-                Kind::from_u32(old),
-                from,
-                "bad page kind transition {from:?} -> {to:?}"
-            );
+            assert_eq!(Kind::from_u32(old), from, "bad page kind transition {from:?} -> {to:?}");
         } else {
             // Only the frame's owner changes its kind: a plain store suffices.
             self.kind.store(to as u32, Ordering::Relaxed);

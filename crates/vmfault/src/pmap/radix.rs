@@ -78,10 +78,7 @@ impl Radix {
     /// A tree with a fresh root of frame kind `kind`.
     pub(crate) fn new(phys: &PhysMem, kind: Kind) -> Result<Radix, OutOfFrames> {
         let root = phys.alloc_zeroed().ok_or(OutOfFrames)?;
-        Ok(Radix {
-            root: phys.publish(root, kind),
-            kind,
-        })
+        Ok(Radix { root: phys.publish(root, kind), kind })
     }
 
     /// The leaf entry for `index`, if every level above it exists.
@@ -101,19 +98,12 @@ impl Radix {
             }
             node = child_of(e);
         }
-        Some(Leaf {
-            entry: &phys.words(node)[slot_at(index, 0)],
-            node,
-        })
+        Some(Leaf { entry: &phys.words(node)[slot_at(index, 0)], node })
     }
 
     /// The leaf entry for `index`, adding missing interior nodes.
     /// Returns how many nodes this call added, for accounting.
-    pub(crate) fn leaf_alloc<'p>(
-        &self,
-        phys: &'p PhysMem,
-        index: u64,
-    ) -> Result<(Leaf<'p>, u32), OutOfFrames> {
+    pub(crate) fn leaf_alloc<'p>(&self, phys: &'p PhysMem, index: u64) -> Result<(Leaf<'p>, u32), OutOfFrames> {
         debug_assert!(index < INDEX_LIMIT);
         let mut node = self.root;
         let mut added = 0;
@@ -124,12 +114,7 @@ impl Radix {
                 let fresh: OwnedFrame = phys.alloc_zeroed().ok_or(OutOfFrames)?;
                 let child = fresh.pfn();
                 // Release publishes the zeroed contents with the pointer.
-                match slot.compare_exchange(
-                    0,
-                    entry_for(child),
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                ) {
+                match slot.compare_exchange(0, entry_for(child), Ordering::AcqRel, Ordering::Acquire) {
                     Ok(_) => {
                         phys.publish(fresh, self.kind);
                         e = entry_for(child);
@@ -143,25 +128,13 @@ impl Radix {
             }
             node = child_of(e);
         }
-        Ok((
-            Leaf {
-                entry: &phys.words(node)[slot_at(index, 0)],
-                node,
-            },
-            added,
-        ))
+        Ok((Leaf { entry: &phys.words(node)[slot_at(index, 0)], node }, added))
     }
 
     /// Call `f(base, node)` for every level-0 node that covers part of
     /// `start..end`; `base` is the index of the node's first entry. Absent
     /// subtrees are skipped. Same caller rule as [`Radix::leaf`].
-    pub(crate) fn for_each_leaf_node(
-        &self,
-        phys: &PhysMem,
-        start: u64,
-        end: u64,
-        mut f: impl FnMut(u64, Pfn),
-    ) {
+    pub(crate) fn for_each_leaf_node(&self, phys: &PhysMem, start: u64, end: u64, mut f: impl FnMut(u64, Pfn)) {
         let end = end.min(INDEX_LIMIT);
         if start < end {
             walk(phys, self.root, LEVELS - 1, 0, start, end, &mut f);
@@ -170,13 +143,7 @@ impl Radix {
 
     /// Call `f(index, leaf)` for every non-zero leaf entry with index in
     /// `start..end`. Same caller rule as [`Radix::leaf`].
-    pub(crate) fn for_each_present(
-        &self,
-        phys: &PhysMem,
-        start: u64,
-        end: u64,
-        mut f: impl FnMut(u64, Leaf<'_>),
-    ) {
+    pub(crate) fn for_each_present(&self, phys: &PhysMem, start: u64, end: u64, mut f: impl FnMut(u64, Leaf<'_>)) {
         self.for_each_leaf_node(phys, start, end, |base, node| {
             let words = phys.words(node);
             let lo = start.max(base) - base;
@@ -211,21 +178,9 @@ impl Radix {
     }
 }
 
-fn walk(
-    phys: &PhysMem,
-    node: Pfn,
-    level: u32,
-    base: u64,
-    start: u64,
-    end: u64,
-    f: &mut impl FnMut(u64, Pfn),
-) {
+fn walk(phys: &PhysMem, node: Pfn, level: u32, base: u64, start: u64, end: u64, f: &mut impl FnMut(u64, Pfn)) {
     let words = phys.words(node);
-    let first = if start > base {
-        ((start - base) / span(level)) as usize
-    } else {
-        0
-    };
+    let first = if start > base { ((start - base) / span(level)) as usize } else { 0 };
     for (i, slot) in words.iter().enumerate().skip(first) {
         let lo = base + i as u64 * span(level);
         if lo >= end {
@@ -243,24 +198,12 @@ fn walk(
     }
 }
 
-fn prune_node(
-    phys: &PhysMem,
-    node: Pfn,
-    level: u32,
-    base: u64,
-    floor: u64,
-    ceiling: u64,
-    out: &mut Vec<Pfn>,
-) {
+fn prune_node(phys: &PhysMem, node: Pfn, level: u32, base: u64, floor: u64, ceiling: u64, out: &mut Vec<Pfn>) {
     if level == 0 {
         return;
     }
     let words = phys.words(node);
-    let first = if floor > base {
-        ((floor - base) / span(level)) as usize
-    } else {
-        0
-    };
+    let first = if floor > base { ((floor - base) / span(level)) as usize } else { 0 };
     for (i, slot) in words.iter().enumerate().skip(first) {
         let lo = base + i as u64 * span(level);
         if lo >= ceiling {
@@ -280,13 +223,7 @@ fn prune_node(
     }
 }
 
-fn collect(
-    phys: &PhysMem,
-    node: Pfn,
-    level: u32,
-    out: &mut Vec<Pfn>,
-    mut leaves: Option<&mut Vec<u64>>,
-) {
+fn collect(phys: &PhysMem, node: Pfn, level: u32, out: &mut Vec<Pfn>, mut leaves: Option<&mut Vec<u64>>) {
     for slot in phys.words(node).iter() {
         let e = slot.load(Ordering::Acquire);
         if e == 0 {
@@ -322,15 +259,9 @@ mod tests {
         let (_, added) = r.leaf_alloc(&phys, 12346).unwrap();
         assert_eq!(added, 0);
         let far = INDEX_LIMIT - 1;
-        r.leaf_alloc(&phys, far)
-            .unwrap()
-            .0
-            .entry
-            .store(5, Ordering::Relaxed);
+        r.leaf_alloc(&phys, far).unwrap().0.entry.store(5, Ordering::Relaxed);
         let mut seen = Vec::new();
-        r.for_each_present(&phys, 0, INDEX_LIMIT, |i, l| {
-            seen.push((i, l.entry.load(Ordering::Relaxed)))
-        });
+        r.for_each_present(&phys, 0, INDEX_LIMIT, |i, l| seen.push((i, l.entry.load(Ordering::Relaxed))));
         assert_eq!(seen, vec![(12345, 77), (far, 5)]);
         let mut seen = Vec::new();
         r.for_each_present(&phys, 12346, far, |i, _| seen.push(i));

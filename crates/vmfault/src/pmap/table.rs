@@ -35,10 +35,7 @@ fn vpn(addr: u64) -> u64 {
 impl Pmap {
     /// An empty page table (one root page).
     pub(crate) fn new(phys: &PhysMem) -> Result<Pmap, OutOfFrames> {
-        Ok(Pmap {
-            radix: Radix::new(phys, Kind::Table)?,
-            tables: AtomicU64::new(1),
-        })
+        Ok(Pmap { radix: Radix::new(phys, Kind::Table)?, tables: AtomicU64::new(1) })
     }
 
     /// Page-table pages in use.
@@ -59,11 +56,7 @@ impl Pmap {
     }
 
     /// The PTE slot for `addr`, allocating page-table pages as needed.
-    pub(crate) fn pte_alloc<'p>(
-        &self,
-        phys: &'p PhysMem,
-        addr: u64,
-    ) -> Result<Leaf<'p>, OutOfFrames> {
+    pub(crate) fn pte_alloc<'p>(&self, phys: &'p PhysMem, addr: u64) -> Result<Leaf<'p>, OutOfFrames> {
         let (leaf, added) = self.radix.leaf_alloc(phys, vpn(addr))?;
         if added > 0 {
             self.tables.fetch_add(u64::from(added), Ordering::Relaxed);
@@ -81,13 +74,7 @@ impl Pmap {
     /// Apply `f` to every present PTE in `start..end` (addresses), each
     /// page-table page under its PTE lock; `f` returns the new value.
     /// Returns the number of PTEs changed.
-    pub(crate) fn update_range(
-        &self,
-        phys: &PhysMem,
-        start: u64,
-        end: u64,
-        mut f: impl FnMut(u64, Pte) -> Pte,
-    ) -> u64 {
+    pub(crate) fn update_range(&self, phys: &PhysMem, start: u64, end: u64, mut f: impl FnMut(u64, Pte) -> Pte) -> u64 {
         let (s, e) = (vpn(start), vpn(end));
         let mut changed = 0;
         self.radix.for_each_leaf_node(phys, s, e, |base, node| {
@@ -116,13 +103,7 @@ impl Pmap {
     /// Clear every PTE in `start..end`, calling `f(addr, old)` for each one
     /// that was present. The frames they mapped may still be in use by
     /// walkers until a grace period passes.
-    pub(crate) fn zap(
-        &self,
-        phys: &PhysMem,
-        start: u64,
-        end: u64,
-        mut f: impl FnMut(u64, Pte),
-    ) -> u64 {
+    pub(crate) fn zap(&self, phys: &PhysMem, start: u64, end: u64, mut f: impl FnMut(u64, Pte)) -> u64 {
         self.update_range(phys, start, end, |addr, old| {
             f(addr, old);
             Pte::NONE
@@ -146,11 +127,7 @@ impl Pmap {
     /// that could add a table in the range.
     pub(crate) fn prune(&self, phys: &PhysMem, floor: u64, ceiling: u64, out: &mut Vec<Pfn>) {
         let before = out.len();
-        let ceiling = if ceiling >= INDEX_LIMIT << PAGE_SHIFT {
-            INDEX_LIMIT
-        } else {
-            vpn(ceiling)
-        };
+        let ceiling = if ceiling >= INDEX_LIMIT << PAGE_SHIFT { INDEX_LIMIT } else { vpn(ceiling) };
         self.radix.prune(phys, vpn(floor), ceiling, out);
         let freed = (out.len() - before) as u64;
         if freed > 0 {
@@ -188,8 +165,7 @@ mod tests {
             let (_g, contended) = Pmap::lock(&phys, &leaf);
             assert!(!contended);
             assert!(spin::try_lock(&phys.page(leaf.node).ptl).is_none());
-            leaf.entry
-                .store(Pte::new(frame, true, false, true).0, Ordering::Release);
+            leaf.entry.store(Pte::new(frame, true, false, true).0, Ordering::Release);
         }
         assert_eq!(pmap.translate(&phys, addr + 5, Access::Write), Some(frame));
         assert_eq!(pmap.translate(&phys, addr, Access::Exec), None);
@@ -197,10 +173,7 @@ mod tests {
         assert_eq!(pmap.translate(&phys, addr, Access::Write), None);
         assert_eq!(pmap.translate(&phys, addr, Access::Read), Some(frame));
         let mut seen = Vec::new();
-        assert_eq!(
-            pmap.zap(&phys, 0, 1 << 47, |a, p| seen.push((a, p.pfn()))),
-            1
-        );
+        assert_eq!(pmap.zap(&phys, 0, 1 << 47, |a, p| seen.push((a, p.pfn()))), 1);
         assert_eq!(seen, vec![(addr, frame)]);
         let mut out = Vec::new();
         pmap.prune(&phys, 0, 1 << 47, &mut out);

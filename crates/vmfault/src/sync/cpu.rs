@@ -93,19 +93,10 @@ impl<S, O> CpuSet<S, O> {
         let slots = (0..=cpus)
             .map(|i| {
                 let (shared, owned) = make(i);
-                CachePadded(Slot {
-                    state: AtomicU32::new(FREE),
-                    shared,
-                    owned: UnsafeCell::new(owned),
-                })
+                CachePadded(Slot { state: AtomicU32::new(FREE), shared, owned: UnsafeCell::new(owned) })
             })
             .collect();
-        CpuSet {
-            id: NEXT_SET_ID.fetch_add(1, Ordering::Relaxed),
-            cpus,
-            slots,
-            shared_lock: Mutex::new(()),
-        }
+        CpuSet { id: NEXT_SET_ID.fetch_add(1, Ordering::Relaxed), cpus, slots, shared_lock: Mutex::new(()) }
     }
 
     /// Number of attachable slots.
@@ -134,24 +125,10 @@ impl<S, O> CpuSet<S, O> {
         for (i, slot) in self.slots[..self.cpus].iter().enumerate() {
             // Acquire pairs with the Release in `Attachment::drop` of the
             // previous owner: its last use of `owned` happens-before ours.
-            if slot
-                .state
-                .compare_exchange(FREE, ATTACHED, Ordering::Acquire, Ordering::Relaxed)
-                .is_ok()
-            {
-                REGISTRY.with(|r| {
-                    r.borrow_mut().push(TlsEntry {
-                        set: self.id,
-                        slot: i,
-                        busy: false,
-                        transient: false,
-                    })
-                });
-                return Ok(Attachment {
-                    set_id: self.id,
-                    index: i,
-                    _not_send: PhantomData,
-                });
+            if slot.state.compare_exchange(FREE, ATTACHED, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+                REGISTRY
+                    .with(|r| r.borrow_mut().push(TlsEntry { set: self.id, slot: i, busy: false, transient: false }));
+                return Ok(Attachment { set_id: self.id, index: i, _not_send: PhantomData });
             }
         }
         Err(None)
@@ -162,10 +139,7 @@ impl<S, O> CpuSet<S, O> {
         assert_eq!(a.set_id, self.id, "Attachment of another CpuSet");
         REGISTRY.with(|r| {
             let mut r = r.borrow_mut();
-            let pos = r
-                .iter()
-                .position(|e| e.set == self.id && !e.transient)
-                .expect("attachment not registered");
+            let pos = r.iter().position(|e| e.set == self.id && !e.transient).expect("attachment not registered");
             assert!(!r[pos].busy, "detach while an operation holds the slot");
             r.swap_remove(pos);
         });
@@ -176,12 +150,7 @@ impl<S, O> CpuSet<S, O> {
 
     /// The slot this thread is attached to, if any.
     pub(crate) fn attached_slot(&self) -> Option<usize> {
-        REGISTRY.with(|r| {
-            r.borrow()
-                .iter()
-                .find(|e| e.set == self.id && !e.transient)
-                .map(|e| e.slot)
-        })
+        REGISTRY.with(|r| r.borrow().iter().find(|e| e.set == self.id && !e.transient).map(|e| e.slot))
     }
 
     /// Claim a slot for one operation: the attached slot, or the shared one.
@@ -201,28 +170,11 @@ impl<S, O> CpuSet<S, O> {
             None
         });
         if let Some(index) = attached {
-            return Claim {
-                set: self,
-                index,
-                _shared: None,
-                _not_send: PhantomData,
-            };
+            return Claim { set: self, index, _shared: None, _not_send: PhantomData };
         }
         let guard = self.shared_lock.lock().unwrap_or_else(|p| p.into_inner());
-        REGISTRY.with(|r| {
-            r.borrow_mut().push(TlsEntry {
-                set: self.id,
-                slot: self.cpus,
-                busy: true,
-                transient: true,
-            })
-        });
-        Claim {
-            set: self,
-            index: self.cpus,
-            _shared: Some(guard),
-            _not_send: PhantomData,
-        }
+        REGISTRY.with(|r| r.borrow_mut().push(TlsEntry { set: self.id, slot: self.cpus, busy: true, transient: true }));
+        Claim { set: self, index: self.cpus, _shared: Some(guard), _not_send: PhantomData }
     }
 }
 
@@ -246,10 +198,7 @@ impl<S, O> Drop for Claim<'_, S, O> {
         let index = self.index;
         REGISTRY.with(|r| {
             let mut r = r.borrow_mut();
-            if let Some(pos) = r
-                .iter()
-                .position(|e| e.set == id && e.slot == index && e.busy)
-            {
+            if let Some(pos) = r.iter().position(|e| e.set == id && e.slot == index && e.busy) {
                 if r[pos].transient {
                     r.swap_remove(pos);
                 } else {
@@ -273,10 +222,7 @@ impl Drop for Attachment {
     fn drop(&mut self) {
         // An Attachment must be returned through `CpuSet::detach`; reaching
         // here means its owner forgot to, which would leak the slot forever.
-        debug_assert!(
-            std::thread::panicking(),
-            "Attachment dropped without CpuSet::detach"
-        );
+        debug_assert!(std::thread::panicking(), "Attachment dropped without CpuSet::detach");
     }
 }
 
@@ -311,9 +257,7 @@ mod tests {
         let s = std::sync::Arc::new(set(1));
         let a = s.attach().unwrap();
         let s2 = s.clone();
-        let other = std::thread::spawn(move || s2.attach().err())
-            .join()
-            .unwrap();
+        let other = std::thread::spawn(move || s2.attach().err()).join().unwrap();
         assert_eq!(other, Some(None));
         s.detach(a);
     }

@@ -86,17 +86,9 @@ thread_local! {
 impl Rcu {
     /// An RCU with `readers` readers, and the reader handles.
     pub fn new(readers: usize) -> (Rcu, Vec<RcuReader>) {
-        let counters: Box<[CachePadded<AtomicU64>]> = (0..readers)
-            .map(|_| CachePadded(AtomicU64::new(0)))
-            .collect();
+        let counters: Box<[CachePadded<AtomicU64>]> = (0..readers).map(|_| CachePadded(AtomicU64::new(0))).collect();
         let owner = counters.as_ptr() as usize;
-        let handles = (0..readers)
-            .map(|index| RcuReader {
-                index,
-                owner,
-                nesting: Cell::new(0),
-            })
-            .collect();
+        let handles = (0..readers).map(|index| RcuReader { index, owner, nesting: Cell::new(0) }).collect();
         (Rcu { counters }, handles)
     }
 
@@ -107,11 +99,7 @@ impl Rcu {
     /// inside a section stays valid until the section ends.
     #[inline]
     pub fn read_lock<'a>(&'a self, reader: &'a RcuReader) -> RcuReadGuard<'a> {
-        assert_eq!(
-            reader.owner,
-            self.counters.as_ptr() as usize,
-            "RcuReader used with another Rcu"
-        );
+        assert_eq!(reader.owner, self.counters.as_ptr() as usize, "RcuReader used with another Rcu");
         let depth = reader.nesting.get();
         if depth == 0 {
             let c = &self.counters[reader.index];
@@ -224,8 +212,7 @@ mod tests {
         let release = Arc::new(AtomicBool::new(false));
         let done = Arc::new(AtomicBool::new(false));
         let t = {
-            let (rcu, inside, release, done) =
-                (rcu.clone(), inside.clone(), release.clone(), done.clone());
+            let (rcu, inside, release, done) = (rcu.clone(), inside.clone(), release.clone(), done.clone());
             std::thread::spawn(move || {
                 let g = rcu.read_lock(&r1);
                 inside.store(true, Ordering::SeqCst);

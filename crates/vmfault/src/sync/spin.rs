@@ -19,9 +19,7 @@ pub(crate) struct WordGuard<'a> {
 #[inline]
 pub(crate) fn try_lock(word: &AtomicU32) -> Option<WordGuard<'_>> {
     // Acquire pairs with the Release in `WordGuard::drop` of the previous holder.
-    word.compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
-        .ok()
-        .map(|_| WordGuard { word })
+    word.compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed).ok().map(|_| WordGuard { word })
 }
 
 /// Take the lock, waiting if needed; also says whether it had to wait.

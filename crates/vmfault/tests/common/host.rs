@@ -97,13 +97,7 @@ fn errno() -> i32 {
 ///
 /// # Safety
 /// `sh` is the shared region; `pat` holds `len` bytes for `Kind::Write`.
-unsafe fn probe(
-    sh: *mut Shared,
-    kind: Kind,
-    addr: u64,
-    len: usize,
-    pat: *const u8,
-) -> (usize, Option<(u64, i64)>) {
+unsafe fn probe(sh: *mut Shared, kind: Kind, addr: u64, len: usize, pat: *const u8) -> (usize, Option<(u64, i64)>) {
     // SAFETY: the caller's contract; the accesses to `addr` happen in a forked
     // copy whose faults end it through `on_fault`.
     unsafe {
@@ -126,11 +120,7 @@ unsafe fn probe(
                     Kind::Read => {
                         let _ = ptr::read_volatile(a as *const u8);
                         compiler_fence(Ordering::SeqCst);
-                        ptr::copy_nonoverlapping(
-                            a as *const u8,
-                            (&raw mut (*pr).buf).cast::<u8>().add(done),
-                            n,
-                        );
+                        ptr::copy_nonoverlapping(a as *const u8, (&raw mut (*pr).buf).cast::<u8>().add(done), n);
                     }
                     Kind::Write => {
                         ptr::write_volatile(a as *mut u8, *pat.add(done));
@@ -155,13 +145,7 @@ unsafe fn probe(
         libc::waitpid(pid, &mut st, 0);
         let done = ptr::read_volatile(&raw const (*pr).done) as usize;
         if ptr::read_volatile(&raw const (*pr).faulted) == 1 {
-            (
-                done,
-                Some((
-                    ptr::read_volatile(&raw const (*pr).addr),
-                    ptr::read_volatile(&raw const (*pr).code),
-                )),
-            )
+            (done, Some((ptr::read_volatile(&raw const (*pr).addr), ptr::read_volatile(&raw const (*pr).code))))
         } else {
             (done, None)
         }
@@ -169,28 +153,11 @@ unsafe fn probe(
 }
 
 fn res(kind: u32) -> RawResult {
-    RawResult {
-        kind,
-        errno: 0,
-        off: 0,
-        segv_off: 0,
-        segv_code: 0,
-        data_at: 0,
-        data_len: 0,
-        maps_at: 0,
-        maps_len: 0,
-    }
+    RawResult { kind, errno: 0, off: 0, segv_off: 0, segv_code: 0, data_at: 0, data_len: 0, maps_at: 0, maps_len: 0 }
 }
 
 fn unit(r: libc::c_int) -> RawResult {
-    if r == 0 {
-        res(K_OK)
-    } else {
-        RawResult {
-            errno: errno(),
-            ..res(K_ERR)
-        }
-    }
+    if r == 0 { res(K_OK) } else { RawResult { errno: errno(), ..res(K_ERR) } }
 }
 
 /// # Safety
@@ -214,32 +181,16 @@ unsafe fn exec(sh: *mut Shared, base: u64, op: &TOp) -> RawResult {
     // after a grandchild proved them safe.
     unsafe {
         match *op {
-            TOp::Mmap {
-                place,
-                off,
-                len,
-                prot,
-                flags,
-            } => {
+            TOp::Mmap { place, off, len, prot, flags } => {
                 let (addr, flags) = match place {
                     Place::Fixed => (base + off, flags | libc::MAP_FIXED as u32),
                     Place::NoReplace => (base + off, flags | libc::MAP_FIXED_NOREPLACE as u32),
                     Place::HintShared => (base + off, flags),
                     Place::AnywhereShared => (0, flags),
                 };
-                let p = libc::mmap(
-                    addr as *mut libc::c_void,
-                    len as usize,
-                    prot as i32,
-                    flags as i32,
-                    -1,
-                    0,
-                );
+                let p = libc::mmap(addr as *mut libc::c_void, len as usize, prot as i32, flags as i32, -1, 0);
                 if p == libc::MAP_FAILED {
-                    RawResult {
-                        errno: errno(),
-                        ..res(K_ERR)
-                    }
+                    RawResult { errno: errno(), ..res(K_ERR) }
                 } else if p as u64 == base + off && place != Place::AnywhereShared {
                     RawResult { off, ..res(K_ADDR) }
                 } else {
@@ -247,29 +198,18 @@ unsafe fn exec(sh: *mut Shared, base: u64, op: &TOp) -> RawResult {
                     res(K_ELSEWHERE)
                 }
             }
-            TOp::Munmap { off, len } => unit(libc::munmap(
-                (base + off) as *mut libc::c_void,
-                len as usize,
-            )),
-            TOp::Mprotect { off, len, prot } => unit(libc::mprotect(
-                (base + off) as *mut libc::c_void,
-                len as usize,
-                prot as i32,
-            )),
-            TOp::Madvise { off, len, advice } => unit(libc::madvise(
-                (base + off) as *mut libc::c_void,
-                len as usize,
-                advice,
-            )),
+            TOp::Munmap { off, len } => unit(libc::munmap((base + off) as *mut libc::c_void, len as usize)),
+            TOp::Mprotect { off, len, prot } => {
+                unit(libc::mprotect((base + off) as *mut libc::c_void, len as usize, prot as i32))
+            }
+            TOp::Madvise { off, len, advice } => {
+                unit(libc::madvise((base + off) as *mut libc::c_void, len as usize, advice))
+            }
             TOp::Read { off, len } => {
                 let (done, fault) = probe(sh, Kind::Read, base + off, len as usize, ptr::null());
                 let (at, n) = push_data(sh, (&raw const (*sh).probe.buf).cast::<u8>(), done);
                 match fault {
-                    None => RawResult {
-                        data_at: at,
-                        data_len: n,
-                        ..res(K_DATA)
-                    },
+                    None => RawResult { data_at: at, data_len: n, ..res(K_DATA) },
                     Some((a, code)) => RawResult {
                         segv_off: a as i64 - base as i64,
                         segv_code: code,
@@ -289,19 +229,11 @@ unsafe fn exec(sh: *mut Shared, base: u64, op: &TOp) -> RawResult {
                 ptr::copy_nonoverlapping(pat.as_ptr(), (base + off) as *mut u8, done);
                 match fault {
                     None => res(K_OK),
-                    Some((a, code)) => RawResult {
-                        segv_off: a as i64 - base as i64,
-                        segv_code: code,
-                        ..res(K_SEGV)
-                    },
+                    Some((a, code)) => RawResult { segv_off: a as i64 - base as i64, segv_code: code, ..res(K_SEGV) },
                 }
             }
             TOp::Touch { off, write } => {
-                let kind = if write {
-                    Kind::TouchWrite
-                } else {
-                    Kind::TouchRead
-                };
+                let kind = if write { Kind::TouchWrite } else { Kind::TouchRead };
                 let a = base + off;
                 match probe(sh, kind, a, 1, ptr::null()) {
                     (_, None) => {
@@ -311,11 +243,9 @@ unsafe fn exec(sh: *mut Shared, base: u64, op: &TOp) -> RawResult {
                         }
                         res(K_OK)
                     }
-                    (_, Some((fa, code))) => RawResult {
-                        segv_off: fa as i64 - base as i64,
-                        segv_code: code,
-                        ..res(K_SEGV)
-                    },
+                    (_, Some((fa, code))) => {
+                        RawResult { segv_off: fa as i64 - base as i64, segv_code: code, ..res(K_SEGV) }
+                    }
                 }
             }
             TOp::Abs(a) => {
@@ -328,10 +258,7 @@ unsafe fn exec(sh: *mut Shared, base: u64, op: &TOp) -> RawResult {
                     _ => {
                         let m = libc::mmap(p, len as usize, prot as i32, flags as i32, -1, 0);
                         if m == libc::MAP_FAILED {
-                            RawResult {
-                                errno: errno(),
-                                ..res(K_ERR)
-                            }
+                            RawResult { errno: errno(), ..res(K_ERR) }
                         } else {
                             libc::munmap(m, len as usize);
                             res(K_ELSEWHERE)
@@ -388,12 +315,7 @@ unsafe fn record_maps(sh: *mut Shared, base: u64) -> (u64, u64) {
             if e <= base || s >= base + W || perm.len() < 4 {
                 continue;
             }
-            let bits = perm_bits(
-                perm[0] == b'r',
-                perm[1] == b'w',
-                perm[2] == b'x',
-                perm[3] == b's',
-            );
+            let bits = perm_bits(perm[0] == b'r', perm[1] == b'w', perm[2] == b'x', perm[3] == b's');
             let k = (*sh).maps_used as usize;
             if k < MAX_MAPS {
                 (*sh).maps[k] = [s.max(base) - base, e.min(base + W) - base, u64::from(bits)];
@@ -425,22 +347,8 @@ unsafe fn child(sh: *mut Shared, ops: &[TOp]) -> ! {
         libc::munmap(r, total);
         let g0 = r as u64;
         let gfl = libc::MAP_SHARED | libc::MAP_ANONYMOUS | libc::MAP_FIXED;
-        libc::mmap(
-            g0 as *mut libc::c_void,
-            GUARD as usize,
-            libc::PROT_NONE,
-            gfl,
-            -1,
-            0,
-        );
-        libc::mmap(
-            (g0 + GUARD + W) as *mut libc::c_void,
-            GUARD as usize,
-            libc::PROT_NONE,
-            gfl,
-            -1,
-            0,
-        );
+        libc::mmap(g0 as *mut libc::c_void, GUARD as usize, libc::PROT_NONE, gfl, -1, 0);
+        libc::mmap((g0 + GUARD + W) as *mut libc::c_void, GUARD as usize, libc::PROT_NONE, gfl, -1, 0);
         let base = g0 + GUARD;
         (*sh).base = base;
         for (i, op) in ops.iter().enumerate() {
@@ -461,10 +369,7 @@ pub fn run_host(ops: &[TOp]) -> Result<(Vec<Outcome>, Vec<Vec<MapEntry>>), Strin
     assert!(ops.len() <= MAX_OPS, "at most {MAX_OPS} ops per sequence");
     for op in ops {
         if let TOp::Read { len, .. } | TOp::Write { len, .. } = op {
-            assert!(
-                *len as usize <= CHUNK,
-                "loads and stores are limited to {CHUNK} bytes: {op:?}"
-            );
+            assert!(*len as usize <= CHUNK, "loads and stores are limited to {CHUNK} bytes: {op:?}");
         }
     }
     let size = std::mem::size_of::<Shared>();
@@ -512,10 +417,7 @@ pub fn run_host(ops: &[TOp]) -> Result<(Vec<Outcome>, Vec<Vec<MapEntry>>), Strin
         let done = shr.ops_done as usize;
         if shr.status != 1 || !libc::WIFEXITED(st) || libc::WEXITSTATUS(st) != 0 {
             libc::munmap(sh.cast(), size);
-            return Err(format!(
-                "host child failed after {done} of {} ops (status {st:#x})",
-                ops.len()
-            ));
+            return Err(format!("host child failed after {done} of {} ops (status {st:#x})", ops.len()));
         }
         let mut outcomes = Vec::with_capacity(done);
         let mut maps = Vec::with_capacity(done);
@@ -529,11 +431,7 @@ pub fn run_host(ops: &[TOp]) -> Result<(Vec<Outcome>, Vec<Vec<MapEntry>>), Strin
                 K_DATA => Outcome::Data(data()),
                 _ => {
                     debug_assert_eq!(r.kind, K_SEGV);
-                    Outcome::Segv {
-                        off: r.segv_off,
-                        code: r.segv_code as i32,
-                        data: data(),
-                    }
+                    Outcome::Segv { off: r.segv_off, code: r.segv_code as i32, data: data() }
                 }
             });
             maps.push(

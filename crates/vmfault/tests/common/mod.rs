@@ -13,13 +13,7 @@ use vmfault::{Vm, VmConfig};
 /// that unmapping everything at the end gives every frame back.
 pub fn check_against_host(ops: &[TOp]) -> Result<(), String> {
     let (host, host_maps) = host::run_host(ops)?;
-    let vm = Vm::new(VmConfig {
-        phys_bytes: 8 << 20,
-        cpus: 1,
-        prefault: false,
-        ..VmConfig::default()
-    })
-    .unwrap();
+    let vm = Vm::new(VmConfig { phys_bytes: 8 << 20, cpus: 1, prefault: false, ..VmConfig::default() }).unwrap();
     let space = vm.new_space().unwrap();
     let initial_free = vm.stats().free_pages;
     vmfault_guards(&space, VM_BASE);
@@ -27,19 +21,12 @@ pub fn check_against_host(ops: &[TOp]) -> Result<(), String> {
         let got = run_vmfault(&space, VM_BASE, op);
         let maps = vmfault_maps(&space, VM_BASE);
         let context = || {
-            let steps: Vec<String> = ops[..=i]
-                .iter()
-                .enumerate()
-                .map(|(k, o)| format!("  {k:3}: {o:?} -> host {:?}", host[k]))
-                .collect();
+            let steps: Vec<String> =
+                ops[..=i].iter().enumerate().map(|(k, o)| format!("  {k:3}: {o:?} -> host {:?}", host[k])).collect();
             steps.join("\n")
         };
         if got != host[i] {
-            return Err(format!(
-                "op {i}: vmfault {got:?}, host {:?}\nsequence:\n{}",
-                host[i],
-                context()
-            ));
+            return Err(format!("op {i}: vmfault {got:?}, host {:?}\nsequence:\n{}", host[i], context()));
         }
         if maps != host_maps[i] {
             return Err(format!(
@@ -54,10 +41,7 @@ pub fn check_against_host(ops: &[TOp]) -> Result<(), String> {
     }
     let free = vm.stats().free_pages;
     if free != initial_free {
-        return Err(format!(
-            "{} frames leaked after unmapping everything",
-            initial_free as i64 - free as i64
-        ));
+        return Err(format!("{} frames leaked after unmapping everything", initial_free as i64 - free as i64));
     }
     Ok(())
 }

@@ -60,10 +60,9 @@ impl Model {
         match &self.pages[&page].backing {
             Backing::Private(Some(b)) => b.to_vec(),
             Backing::Private(None) => vec![0; P as usize],
-            Backing::Shared { object, pindex } => self
-                .shared
-                .get(&(*object, *pindex))
-                .map_or_else(|| vec![0; P as usize], |b| b.to_vec()),
+            Backing::Shared { object, pindex } => {
+                self.shared.get(&(*object, *pindex)).map_or_else(|| vec![0; P as usize], |b| b.to_vec())
+            }
         }
     }
 
@@ -71,9 +70,7 @@ impl Model {
         let mut b = self.bytes(page);
         b[at..at + data.len()].copy_from_slice(data);
         match self.pages.get_mut(&page).unwrap().backing.clone() {
-            Backing::Private(_) => {
-                self.pages.get_mut(&page).unwrap().backing = Backing::Private(Some(b.into()))
-            }
+            Backing::Private(_) => self.pages.get_mut(&page).unwrap().backing = Backing::Private(Some(b.into())),
             Backing::Shared { object, pindex } => {
                 self.shared.insert((object, pindex), b.into());
             }
@@ -84,11 +81,7 @@ impl Model {
         let object = self.next_object;
         self.next_object += 1;
         for i in 0..n {
-            let backing = if shared {
-                Backing::Shared { object, pindex: i }
-            } else {
-                Backing::Private(None)
-            };
+            let backing = if shared { Backing::Shared { object, pindex: i } } else { Backing::Private(None) };
             self.pages.insert(first + i, Page { prot, backing });
         }
     }
@@ -101,13 +94,7 @@ impl Model {
 
     fn step(&mut self, op: &TOp) -> Outcome {
         match *op {
-            TOp::Mmap {
-                place,
-                off,
-                len,
-                prot,
-                flags,
-            } => self.mmap(place, off, len, prot, flags),
+            TOp::Mmap { place, off, len, prot, flags } => self.mmap(place, off, len, prot, flags),
             TOp::Munmap { off, len } => {
                 if !off.is_multiple_of(P) || len == 0 {
                     return Outcome::Err(EINVAL);
@@ -149,32 +136,21 @@ impl Model {
                 for p in first..first + align_up(len) / P {
                     match self.pages.get_mut(&p) {
                         Some(page) => {
-                            if advice == libc::MADV_DONTNEED
-                                && matches!(page.backing, Backing::Private(_))
-                            {
+                            if advice == libc::MADV_DONTNEED && matches!(page.backing, Backing::Private(_)) {
                                 page.backing = Backing::Private(None);
                             }
                         }
                         None => hole = true,
                     }
                 }
-                if hole {
-                    Outcome::Err(ENOMEM)
-                } else {
-                    Outcome::Ok
-                }
+                if hole { Outcome::Err(ENOMEM) } else { Outcome::Ok }
             }
             TOp::Read { off, len } => {
                 let mut data = Vec::new();
-                match self.walk(off, len, readable, |m, page, at, n| {
-                    data.extend_from_slice(&m.bytes(page)[at..at + n])
-                }) {
+                match self.walk(off, len, readable, |m, page, at, n| data.extend_from_slice(&m.bytes(page)[at..at + n]))
+                {
                     None => Outcome::Data(data),
-                    Some((fault, code)) => Outcome::Segv {
-                        off: fault as i64,
-                        code,
-                        data,
-                    },
+                    Some((fault, code)) => Outcome::Segv { off: fault as i64, code, data },
                 }
             }
             TOp::Write { off, len, seed } => {
@@ -190,22 +166,14 @@ impl Model {
                 }
                 match r {
                     None => Outcome::Ok,
-                    Some((fault, code)) => Outcome::Segv {
-                        off: fault as i64,
-                        code,
-                        data: Vec::new(),
-                    },
+                    Some((fault, code)) => Outcome::Segv { off: fault as i64, code, data: Vec::new() },
                 }
             }
             TOp::Touch { off, write } => {
                 let ok = if write { writable } else { readable };
                 match self.walk(off, 1, ok, |_, _, _, _| {}) {
                     None => Outcome::Ok,
-                    Some((fault, code)) => Outcome::Segv {
-                        off: fault as i64,
-                        code,
-                        data: Vec::new(),
-                    },
+                    Some((fault, code)) => Outcome::Segv { off: fault as i64, code, data: Vec::new() },
                 }
             }
             TOp::Abs(a) => Outcome::Err(match a {
@@ -277,10 +245,6 @@ impl Model {
 
     /// Every readable page's bytes, for a whole-window comparison.
     pub fn readable_pages(&self) -> Vec<(u64, Vec<u8>)> {
-        self.pages
-            .iter()
-            .filter(|(_, p)| readable(p.prot))
-            .map(|(&k, _)| (k, self.bytes(k)))
-            .collect()
+        self.pages.iter().filter(|(_, p)| readable(p.prot)).map(|(&k, _)| (k, self.bytes(k))).collect()
     }
 }

@@ -50,40 +50,13 @@ pub enum AbsOp {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TOp {
-    Mmap {
-        place: Place,
-        off: u64,
-        len: u64,
-        prot: u32,
-        flags: u32,
-    },
-    Munmap {
-        off: u64,
-        len: u64,
-    },
-    Mprotect {
-        off: u64,
-        len: u64,
-        prot: u32,
-    },
-    Madvise {
-        off: u64,
-        len: u64,
-        advice: i32,
-    },
-    Read {
-        off: u64,
-        len: u64,
-    },
-    Write {
-        off: u64,
-        len: u64,
-        seed: u8,
-    },
-    Touch {
-        off: u64,
-        write: bool,
-    },
+    Mmap { place: Place, off: u64, len: u64, prot: u32, flags: u32 },
+    Munmap { off: u64, len: u64 },
+    Mprotect { off: u64, len: u64, prot: u32 },
+    Madvise { off: u64, len: u64, advice: i32 },
+    Read { off: u64, len: u64 },
+    Write { off: u64, len: u64, seed: u8 },
+    Touch { off: u64, write: bool },
     Abs(AbsOp),
 }
 
@@ -110,20 +83,10 @@ struct Bytes<'a>(&'a [u8]);
 
 impl std::fmt::Debug for Bytes<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let sum = self
-            .0
-            .iter()
-            .fold(0u64, |h, &b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
+        let sum = self.0.iter().fold(0u64, |h, &b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
         let nonzero = self.0.iter().filter(|&&b| b != 0).count();
         let first = self.0.iter().position(|&b| b != 0);
-        write!(
-            f,
-            "[{} bytes, {} non-zero, first non-zero at {:?}, hash {:#x}]",
-            self.0.len(),
-            nonzero,
-            first,
-            sum
-        )
+        write!(f, "[{} bytes, {} non-zero, first non-zero at {:?}, hash {:#x}]", self.0.len(), nonzero, first, sum)
     }
 }
 
@@ -135,11 +98,9 @@ impl std::fmt::Debug for Outcome {
             Outcome::Elsewhere => write!(f, "Elsewhere"),
             Outcome::Err(e) => write!(f, "Err({e})"),
             Outcome::Data(d) => write!(f, "Data({:?})", Bytes(d)),
-            Outcome::Segv { off, code, data } => write!(
-                f,
-                "Segv {{ off: {off:#x}, code: {code}, data: {:?} }}",
-                Bytes(data)
-            ),
+            Outcome::Segv { off, code, data } => {
+                write!(f, "Segv {{ off: {off:#x}, code: {code}, data: {:?} }}", Bytes(data))
+            }
         }
     }
 }
@@ -153,9 +114,7 @@ pub fn perm_bits(r: bool, w: bool, x: bool, s: bool) -> u8 {
 
 /// The bytes a `Write` op stores.
 pub fn pattern(seed: u8, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| seed.wrapping_add((i as u8).wrapping_mul(31)) | 1)
-        .collect()
+    (0..len).map(|i| seed.wrapping_add((i as u8).wrapping_mul(31)) | 1).collect()
 }
 
 impl AbsOp {
@@ -166,41 +125,15 @@ impl AbsOp {
         match self {
             AbsOp::MunmapHugeLen => ("munmap", base, u64::MAX, 0, 0),
             AbsOp::MunmapAboveTask => ("munmap", TASK_SIZE + P, P, 0, 0),
-            AbsOp::MprotectAlignOverflow => {
-                ("mprotect", base, u64::MAX - 10, libc::PROT_READ as u32, 0)
-            }
-            AbsOp::MprotectWrapEnd => (
-                "mprotect",
-                u64::MAX - 2 * P + 1,
-                3 * P,
-                libc::PROT_READ as u32,
-                0,
-            ),
+            AbsOp::MprotectAlignOverflow => ("mprotect", base, u64::MAX - 10, libc::PROT_READ as u32, 0),
+            AbsOp::MprotectWrapEnd => ("mprotect", u64::MAX - 2 * P + 1, 3 * P, libc::PROT_READ as u32, 0),
             AbsOp::MadviseHugeLen => ("madvise", base, u64::MAX, libc::MADV_DONTNEED as u32, 0),
-            AbsOp::MadviseWrapEnd => (
-                "madvise",
-                u64::MAX - 2 * P + 1,
-                3 * P,
-                libc::MADV_DONTNEED as u32,
-                0,
-            ),
+            AbsOp::MadviseWrapEnd => ("madvise", u64::MAX - 2 * P + 1, 3 * P, libc::MADV_DONTNEED as u32, 0),
             AbsOp::MadviseAboveTask => ("madvise", TASK_SIZE + P, P, libc::MADV_DONTNEED as u32, 0),
             AbsOp::MmapHugeLen => ("mmap", 0, 1 << 48, rw, pa),
             AbsOp::MmapAlignOverflow => ("mmap", 0, u64::MAX - 10, rw, pa),
-            AbsOp::MmapFixedTop => (
-                "mmap",
-                TASK_SIZE - P,
-                2 * P,
-                rw,
-                pa | libc::MAP_FIXED as u32,
-            ),
-            AbsOp::MmapNoType => (
-                "mmap",
-                base,
-                P,
-                rw,
-                (libc::MAP_ANONYMOUS | libc::MAP_FIXED) as u32,
-            ),
+            AbsOp::MmapFixedTop => ("mmap", TASK_SIZE - P, 2 * P, rw, pa | libc::MAP_FIXED as u32),
+            AbsOp::MmapNoType => ("mmap", base, P, rw, (libc::MAP_ANONYMOUS | libc::MAP_FIXED) as u32),
         }
     }
 }
@@ -215,11 +148,7 @@ fn unit(r: Result<(), Error>) -> Outcome {
 
 fn segv_or(e: Error, base: u64, data: Vec<u8>) -> Outcome {
     match e {
-        Error::Segv { addr, code } => Outcome::Segv {
-            off: addr as i64 - base as i64,
-            code: code.si_code(),
-            data,
-        },
+        Error::Segv { addr, code } => Outcome::Segv { off: addr as i64 - base as i64, code: code.si_code(), data },
         other => errno(other),
     }
 }
@@ -227,13 +156,7 @@ fn segv_or(e: Error, base: u64, data: Vec<u8>) -> Outcome {
 /// Run `op` on vmfault with the window at `base`.
 pub fn run_vmfault(space: &AddressSpace, base: u64, op: &TOp) -> Outcome {
     match *op {
-        TOp::Mmap {
-            place,
-            off,
-            len,
-            prot,
-            flags,
-        } => {
+        TOp::Mmap { place, off, len, prot, flags } => {
             let prot = Prot::from_bits_retain(prot);
             let mut fl = MapFlags::from_bits_retain(flags);
             let addr = match place {
@@ -258,14 +181,10 @@ pub fn run_vmfault(space: &AddressSpace, base: u64, op: &TOp) -> Outcome {
             }
         }
         TOp::Munmap { off, len } => unit(space.munmap(base + off, len)),
-        TOp::Mprotect { off, len, prot } => {
-            unit(space.mprotect(base + off, len, Prot::from_bits_retain(prot)))
+        TOp::Mprotect { off, len, prot } => unit(space.mprotect(base + off, len, Prot::from_bits_retain(prot))),
+        TOp::Madvise { off, len, advice } => {
+            unit(space.madvise(base + off, len, Advice::from_raw(advice).expect("generated advice is known")))
         }
-        TOp::Madvise { off, len, advice } => unit(space.madvise(
-            base + off,
-            len,
-            Advice::from_raw(advice).expect("generated advice is known"),
-        )),
         TOp::Read { off, len } => {
             let mut buf = vec![0u8; len as usize];
             match space.read(base + off, &mut buf) {
@@ -280,18 +199,14 @@ pub fn run_vmfault(space: &AddressSpace, base: u64, op: &TOp) -> Outcome {
                 }
             }
         }
-        TOp::Write { off, len, seed } => {
-            match space.write(base + off, &pattern(seed, len as usize)) {
-                Ok(()) => Outcome::Ok,
-                Err(e) => segv_or(e, base, Vec::new()),
-            }
-        }
-        TOp::Touch { off, write } => {
-            match space.touch(base + off, if write { Access::Write } else { Access::Read }) {
-                Ok(()) => Outcome::Ok,
-                Err(e) => segv_or(e, base, Vec::new()),
-            }
-        }
+        TOp::Write { off, len, seed } => match space.write(base + off, &pattern(seed, len as usize)) {
+            Ok(()) => Outcome::Ok,
+            Err(e) => segv_or(e, base, Vec::new()),
+        },
+        TOp::Touch { off, write } => match space.touch(base + off, if write { Access::Write } else { Access::Read }) {
+            Ok(()) => Outcome::Ok,
+            Err(e) => segv_or(e, base, Vec::new()),
+        },
         TOp::Abs(a) => {
             let (call, addr, len, prot, flags) = a.args(base);
             match call {
@@ -299,12 +214,7 @@ pub fn run_vmfault(space: &AddressSpace, base: u64, op: &TOp) -> Outcome {
                 "mprotect" => unit(space.mprotect(addr, len, Prot::from_bits_retain(prot))),
                 "madvise" => unit(space.madvise(addr, len, Advice::from_raw(prot as i32).unwrap())),
                 _ => space
-                    .mmap(
-                        addr,
-                        len,
-                        Prot::from_bits_retain(prot),
-                        MapFlags::from_bits_retain(flags),
-                    )
+                    .mmap(addr, len, Prot::from_bits_retain(prot), MapFlags::from_bits_retain(flags))
                     .map_or_else(errno, |a| {
                         space.munmap(a, len).unwrap();
                         Outcome::Elsewhere
@@ -318,11 +228,7 @@ pub fn run_vmfault(space: &AddressSpace, base: u64, op: &TOp) -> Outcome {
 pub fn vmfault_maps(space: &AddressSpace, base: u64) -> Vec<MapEntry> {
     clip(
         space.mappings().iter().map(|m| {
-            let (r, w, x) = (
-                m.prot.contains(Prot::READ),
-                m.prot.contains(Prot::WRITE),
-                m.prot.contains(Prot::EXEC),
-            );
+            let (r, w, x) = (m.prot.contains(Prot::READ), m.prot.contains(Prot::WRITE), m.prot.contains(Prot::EXEC));
             (m.start, m.end, perm_bits(r, w, x, m.shared))
         }),
         base,
@@ -364,11 +270,7 @@ fn len_from(off: u64, max_pages: u64) -> impl Strategy<Value = u64> {
 }
 
 fn prot() -> impl Strategy<Value = u32> {
-    let (r, w, x) = (
-        libc::PROT_READ as u32,
-        libc::PROT_WRITE as u32,
-        libc::PROT_EXEC as u32,
-    );
+    let (r, w, x) = (libc::PROT_READ as u32, libc::PROT_WRITE as u32, libc::PROT_EXEC as u32);
     prop_oneof![
         2 => Just(0),
         4 => Just(r),
@@ -380,11 +282,7 @@ fn prot() -> impl Strategy<Value = u32> {
 }
 
 fn map_flags(place: Place) -> impl Strategy<Value = u32> {
-    let (s, p, a) = (
-        libc::MAP_SHARED as u32,
-        libc::MAP_PRIVATE as u32,
-        libc::MAP_ANONYMOUS as u32,
-    );
+    let (s, p, a) = (libc::MAP_SHARED as u32, libc::MAP_PRIVATE as u32, libc::MAP_ANONYMOUS as u32);
     let (nr, pop) = (libc::MAP_NORESERVE as u32, libc::MAP_POPULATE as u32);
     let ty = match place {
         Place::HintShared | Place::AnywhereShared => Just(s).boxed(),
@@ -425,46 +323,21 @@ fn abs_op() -> impl Strategy<Value = AbsOp> {
 pub fn op() -> impl Strategy<Value = TOp> {
     let place = prop_oneof![6 => Just(Place::Fixed), 8 => Just(Place::NoReplace), 2 => Just(Place::HintShared), 1 => Just(Place::AnywhereShared)];
     let mmap = (place, page_off()).prop_flat_map(|(place, off)| {
-        (
-            Just(place),
-            Just(off),
-            len_from(off, 24),
-            prot(),
-            map_flags(place),
-        )
-            .prop_map(|(place, off, len, prot, flags)| TOp::Mmap {
-                place,
-                off,
-                len,
-                prot,
-                flags,
-            })
+        (Just(place), Just(off), len_from(off, 24), prot(), map_flags(place))
+            .prop_map(|(place, off, len, prot, flags)| TOp::Mmap { place, off, len, prot, flags })
     });
-    let munmap = page_off()
-        .prop_flat_map(|off| len_from(off, 16).prop_map(move |len| TOp::Munmap { off, len }));
-    let mprotect = page_off().prop_flat_map(|off| {
-        (
-            len_from(off, 16),
-            prop_oneof![20 => prot(), 1 => Just(0x100u32)],
-        )
-            .prop_map(move |(len, prot)| TOp::Mprotect { off, len, prot })
-    });
+    let munmap = page_off().prop_flat_map(|off| len_from(off, 16).prop_map(move |len| TOp::Munmap { off, len }));
+    let mprotect =
+        page_off().prop_flat_map(|off| {
+            (len_from(off, 16), prop_oneof![20 => prot(), 1 => Just(0x100u32)])
+                .prop_map(move |(len, prot)| TOp::Mprotect { off, len, prot })
+        });
     let madvise = page_off().prop_flat_map(|off| {
-        (len_from(off, 16), advice()).prop_map(move |(len, advice)| TOp::Madvise {
-            off,
-            len,
-            advice,
-        })
+        (len_from(off, 16), advice()).prop_map(move |(len, advice)| TOp::Madvise { off, len, advice })
     });
-    let read = (0..W).prop_flat_map(|off| {
-        (1..=(6 * P).min(W - off)).prop_map(move |len| TOp::Read { off, len })
-    });
+    let read = (0..W).prop_flat_map(|off| (1..=(6 * P).min(W - off)).prop_map(move |len| TOp::Read { off, len }));
     let write = (0..W).prop_flat_map(|off| {
-        (1..=(6 * P).min(W - off), any::<u8>()).prop_map(move |(len, seed)| TOp::Write {
-            off,
-            len,
-            seed,
-        })
+        (1..=(6 * P).min(W - off), any::<u8>()).prop_map(move |(len, seed)| TOp::Write { off, len, seed })
     });
     let touch = (0..W, any::<bool>()).prop_map(|(off, write)| TOp::Touch { off, write });
     prop_oneof![
@@ -482,10 +355,7 @@ pub fn op() -> impl Strategy<Value = TOp> {
 /// A sequence: a mapping over most of the window first (so that loads and
 /// stores find memory), then `n` random operations.
 pub fn sequence(n: std::ops::RangeInclusive<usize>) -> impl Strategy<Value = Vec<TOp>> {
-    let first = (
-        0..4u64,
-        prop_oneof![3 => Just(libc::MAP_PRIVATE as u32), 1 => Just(libc::MAP_SHARED as u32)],
-    )
+    let first = (0..4u64, prop_oneof![3 => Just(libc::MAP_PRIVATE as u32), 1 => Just(libc::MAP_SHARED as u32)])
         .prop_map(|(o, ty)| TOp::Mmap {
             place: Place::Fixed,
             off: o * P,
