@@ -79,3 +79,45 @@ fn nested_sections_hold_the_grace_period_until_the_outer_one_ends() {
         reader.join().unwrap();
     });
 }
+
+/// The reader runs two sections back to back; the writer may observe the
+/// first section's odd counter, miss the even value in between, and stop
+/// waiting on the second section's odd value. It must still be ordered
+/// after the first section's access (the entry store is Release).
+#[test]
+#[cfg_attr(
+    any(
+        vmfault_mutation = "rcu_no_grace",
+        vmfault_mutation = "rcu_no_reader_fence",
+        vmfault_mutation = "rcu_relaxed_entry"
+    ),
+    should_panic
+)]
+fn a_writer_that_meets_the_next_section_is_still_ordered_after_this_one() {
+    loom::model(|| {
+        let (rcu, mut readers) = Rcu::new(2);
+        let rcu = Arc::new(rcu);
+        let pte = Arc::new(AtomicU64::new(1));
+        let frame = Arc::new(UnsafeCell::new(7u64));
+        let r1 = readers.pop().unwrap();
+        let reader = {
+            let (rcu, pte, frame) = (rcu.clone(), pte.clone(), frame.clone());
+            thread::spawn(move || {
+                {
+                    let _first = rcu.read_lock(&r1);
+                    if pte.load(Ordering::Acquire) == 1 {
+                        // SAFETY: (model) mapped, so not reused before this section ends.
+                        let v = frame.with(|p| unsafe { *p });
+                        assert_eq!(v, 7);
+                    }
+                }
+                let _second = rcu.read_lock(&r1);
+            })
+        };
+        pte.store(0, Ordering::Release);
+        rcu.synchronize();
+        // SAFETY: (model) after the grace period nobody can hold the frame.
+        frame.with_mut(|p| unsafe { *p = 99 });
+        reader.join().unwrap();
+    });
+}

@@ -7,6 +7,14 @@
 //! still guaranteed alive. An access that crosses into a bad page copies
 //! the bytes before it and fails with the first faulting address, as a
 //! `rep movsb` would.
+//!
+//! Memory ordering of guest accesses: bytes move with relaxed atomic word
+//! loads and stores, and every page piece runs in its own RCU section,
+//! whose SeqCst fence orders it after everything before it on this vCPU.
+//! So separate accesses are ordered as on x86 (each sees the earlier ones),
+//! but the words inside one multi-word access are not ordered among
+//! themselves on a weakly ordered host: like `rep movs`, a large copy is
+//! not one atomic event.
 
 #![deny(unsafe_code)]
 

@@ -77,7 +77,7 @@ impl Space {
             pieces.push((s, e));
             Ok(())
         });
-        let mut retired = Vec::new();
+        let mut changes = super::mprotect::Changes::default();
         for (s, e) in pieces {
             let change = |v: &super::vma::Vma| {
                 let mut f = v.flags - (VmaFlags::RAND_READ | VmaFlags::SEQ_READ);
@@ -88,21 +88,24 @@ impl Space {
                 }
                 (v.prot, f)
             };
-            self.modify_range_locked(ctx, &mut map, op, s..e, change, &mut retired)?;
+            self.modify_range_locked(ctx, &mut map, op, s..e, change, &mut changes)?;
         }
         drop(map);
-        drop(retired);
+        debug_assert_eq!(changes.narrowed, 0, "advice flags never change protection");
+        drop(changes);
         result
     }
 
     fn dontneed(&self, ctx: &Ctx<'_>, start: u64, end: u64) -> Result<()> {
         let phys = &ctx.m.phys;
         let mut frames = Vec::new();
+        let mut ptes = 0;
         let result = {
             let map = self.map_write(ctx);
             walk(Op::Madvise, &map, start, end, |v, s, e| {
                 let n = self.pmap.zap(phys, s, e, |_, _| {});
                 ctx.count_n(Counter::pages_unmapped, n);
+                ptes += n;
                 if !v.is_shared()
                     && let Some(o) = v.object.get()
                 {
@@ -111,7 +114,7 @@ impl Space {
                 Ok(())
             })
         };
-        self.free_unmapped(ctx, &frames);
+        self.shootdown(ctx, ptes, &frames);
         result
     }
 }

@@ -119,13 +119,11 @@ impl Space {
 
         let mut frames = Vec::new();
         let carved = map.carve(start, end);
-        if !carved.is_empty() {
-            self.unmap_locked(ctx, &map, &carved, &mut frames, false);
-        }
+        let ptes = if carved.is_empty() { 0 } else { self.unmap_locked(ctx, &map, &carved, &mut frames, false) };
         map.insert(Arc::new(Vma::new(start, end, prot, vflags, pgoff, object)));
         let retired = map.merge_range(start, end);
         drop(map);
-        self.free_unmapped(ctx, &frames);
+        self.shootdown(ctx, ptes, &frames);
         drop((carved, retired));
 
         let populate = (flags.contains(MapFlags::POPULATE) && !prot.is_empty())

@@ -131,11 +131,18 @@ impl Space {
         self.anon_lock.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Free frames unlinked by an operation: wait for the grace period
-    /// (the TLB shootdown), then free. Call with no lock held.
-    pub(crate) fn free_unmapped(&self, ctx: &Ctx<'_>, frames: &[Pfn]) {
-        if !frames.is_empty() {
-            ctx.count(Counter::tlb_shootdowns);
+    /// Finish an operation that cleared or narrowed `ptes` PTEs and
+    /// unlinked `frames`: wait for the grace period (the TLB shootdown), so
+    /// that no access through an old PTE is still in flight when the call
+    /// returns, then free the frames. Call with no lock held.
+    pub(crate) fn shootdown(&self, ctx: &Ctx<'_>, ptes: u64, frames: &[Pfn]) {
+        if ptes == 0 && frames.is_empty() {
+            return;
+        }
+        ctx.count(Counter::tlb_shootdowns);
+        if frames.is_empty() {
+            self.vm.m.rcu.synchronize();
+        } else {
             self.vm.m.phys.free_after_grace(&self.vm.m.rcu, frames);
         }
     }

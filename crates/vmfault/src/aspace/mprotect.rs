@@ -37,6 +37,15 @@ impl AddressSpace {
     }
 }
 
+/// What a VMA attribute change did (see `modify_range_locked`).
+#[derive(Debug, Default)]
+pub(super) struct Changes {
+    /// VMAs replaced; drop them after the map lock.
+    pub(super) retired: Vec<Arc<Vma>>,
+    /// PTEs narrowed or cleared.
+    pub(super) narrowed: u64,
+}
+
 /// Linux's `VM_ACCOUNT` rule for a protection change of `vma`: making
 /// private memory writable charges it; making untouched private anonymous
 /// memory read-only uncharges it.
@@ -70,12 +79,16 @@ impl Space {
         if Prot::from_bits(prot.bits()).is_none() {
             return Err(Error::inval(op, "unknown PROT_* bits", u64::from(prot.bits())));
         }
-        let mut retired = Vec::new();
+        let mut changes = Changes::default();
         let result = {
             let mut map = self.map_write(ctx);
-            self.modify_range_locked(ctx, &mut map, op, addr..end, |v| (prot, accounted_flags(v, prot)), &mut retired)
+            let f = |v: &Vma| (prot, accounted_flags(v, prot));
+            self.modify_range_locked(ctx, &mut map, op, addr..end, f, &mut changes)
         };
-        drop(retired);
+        // Like Linux's TLB flush: no store through a PTE that was writable
+        // is still in flight once mprotect returns.
+        self.shootdown(ctx, changes.narrowed, &[]);
+        drop(changes);
         result
     }
 
@@ -85,7 +98,9 @@ impl Space {
     /// # Preconditions
     /// - The map lock is held for writing and `map` is the index it guards.
     ///
-    /// Replaced VMAs are pushed onto `retired`, to be dropped after the lock.
+    /// Replaced VMAs and the number of PTEs narrowed or cleared go into
+    /// `changes`: the caller drops the VMAs after the lock and owes a
+    /// shootdown if any PTE was narrowed.
     /// Errors with `NotMapped` if `start` is not mapped or a hole follows;
     /// VMAs before the hole keep their change.
     pub(super) fn modify_range_locked(
@@ -95,7 +110,7 @@ impl Space {
         op: Op,
         range: Range<u64>,
         mut f: impl FnMut(&Vma) -> (Prot, VmaFlags),
-        retired: &mut Vec<Arc<Vma>>,
+        changes: &mut Changes,
     ) -> Result<()> {
         let Range { start, end } = range;
         let mut pos = start;
@@ -119,17 +134,18 @@ impl Space {
                     if prot.is_empty() {
                         ctx.count_n(Counter::pages_unmapped, changed);
                     }
+                    changes.narrowed += changed;
                 }
-                retired.extend(old);
+                changes.retired.extend(old);
             }
-            retired.push(vma);
+            changes.retired.push(vma);
             pos = stop;
             if pos >= end {
                 break;
             }
         }
         if pos > start {
-            retired.extend(map.merge_range(start, pos));
+            changes.retired.extend(map.merge_range(start, pos));
         }
         result
     }

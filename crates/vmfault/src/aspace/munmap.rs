@@ -47,15 +47,16 @@ impl Space {
             return Err(Error::inval(op, "length is zero", len));
         }
         let mut frames = Vec::new();
+        let mut ptes = 0;
         let carved = {
             let mut map = self.map_write(ctx);
             let carved = map.carve(addr, end);
             if !carved.is_empty() {
-                self.unmap_locked(ctx, &map, &carved, &mut frames, true);
+                ptes = self.unmap_locked(ctx, &map, &carved, &mut frames, true);
             }
             carved
         };
-        self.free_unmapped(ctx, &frames);
+        self.shootdown(ctx, ptes, &frames);
         drop(carved);
         Ok(())
     }
@@ -66,9 +67,10 @@ impl Space {
     /// - The map lock is held for writing; `map` is the index it guards and
     ///   `carved` (non-empty, in address order) was just removed from it.
     ///
-    /// Pushes the frames to free after the grace period onto `frames`. With
-    /// `prune`, page-table pages in the VMA-free gap around the range are
-    /// detached too (not when a new mapping is about to fill the range).
+    /// Pushes the frames to free after the grace period onto `frames` and
+    /// returns the number of PTEs cleared. With `prune`, page-table pages in
+    /// the VMA-free gap around the range are detached too (not when a new
+    /// mapping is about to fill the range).
     pub(super) fn unmap_locked(
         &self,
         ctx: &Ctx<'_>,
@@ -76,11 +78,13 @@ impl Space {
         carved: &[Arc<Vma>],
         frames: &mut Vec<Pfn>,
         prune: bool,
-    ) {
+    ) -> u64 {
         let phys = &ctx.m.phys;
+        let mut ptes = 0;
         for v in carved {
             let n = self.pmap.zap(phys, v.start, v.end, |_, _| {});
             ctx.count_n(Counter::pages_unmapped, n);
+            ptes += n;
             // A private object's pages in this range are reachable from this
             // VMA only (page offsets of private anonymous memory are unique
             // per address in a space); a shared object keeps its pages.
@@ -96,5 +100,6 @@ impl Space {
             let ceiling = map.find_from(last).map_or(u64::MAX, |n| n.start);
             self.pmap.prune(phys, floor, ceiling, frames);
         }
+        ptes
     }
 }

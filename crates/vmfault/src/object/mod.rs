@@ -70,20 +70,19 @@ impl Object {
             Ok((leaf, _)) => leaf,
             Err(e) => return Err((e, page)),
         };
-        let pfn = page.pfn();
+        // Describe the page before it becomes reachable.
+        let desc = phys.page(page.pfn());
+        desc.object.store(self.id, Ordering::Relaxed);
+        desc.pindex.store(pindex, Ordering::Relaxed);
+        let pfn = phys.publish(page, Kind::Data);
         let entry = (u64::from(pfn.0) << 12) | PRESENT;
         // Release: the page's contents (zeroed or copied while it was an
-        // OwnedFrame) are visible to whoever finds it through the index.
+        // OwnedFrame) and its descriptor are visible to whoever finds it
+        // through the index.
         match leaf.entry.compare_exchange(0, entry, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => {
-                let pfn = phys.publish(page, Kind::Data);
-                let desc = phys.page(pfn);
-                desc.object.store(self.id, Ordering::Relaxed);
-                desc.pindex.store(pindex, Ordering::Relaxed);
-                Ok(Insert::Ours(pfn))
-            }
+            Ok(_) => Ok(Insert::Ours(pfn)),
             Err(theirs) => {
-                phys.free_owned(page);
+                phys.free_owned(phys.unpublish(pfn, Kind::Data));
                 Ok(Insert::Theirs(Pfn((theirs >> 12) as u32)))
             }
         }

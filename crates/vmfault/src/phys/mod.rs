@@ -136,6 +136,16 @@ impl PhysMem {
         f.0
     }
 
+    /// Take back a frame published as `kind` whose publication never became
+    /// visible (its CAS lost): it is still unreachable by anyone else.
+    #[inline]
+    pub(crate) fn unpublish(&self, pfn: Pfn, kind: Kind) -> OwnedFrame {
+        let page = self.page(pfn);
+        page.set_kind(kind, Kind::Owned);
+        page.object.store(0, Ordering::Relaxed);
+        OwnedFrame(pfn)
+    }
+
     /// Free a frame that was never published (nobody else can hold it).
     pub(crate) fn free_owned(&self, f: OwnedFrame) {
         self.free.give(&self.pages, std::iter::once(f.0.0));

@@ -112,16 +112,18 @@ impl Radix {
             let mut e = slot.load(Ordering::Acquire);
             if e == 0 {
                 let fresh: OwnedFrame = phys.alloc_zeroed().ok_or(OutOfFrames)?;
-                let child = fresh.pfn();
+                // The kind is set before the frame becomes reachable, so
+                // whoever finds it (and may free it) sees its real kind.
+                let child = phys.publish(fresh, self.kind);
                 // Release publishes the zeroed contents with the pointer.
                 match slot.compare_exchange(0, entry_for(child), Ordering::AcqRel, Ordering::Acquire) {
                     Ok(_) => {
-                        phys.publish(fresh, self.kind);
                         e = entry_for(child);
                         added += 1;
                     }
                     Err(winner) => {
-                        phys.free_owned(fresh);
+                        // Never reachable: take it back and free it.
+                        phys.free_owned(phys.unpublish(child, self.kind));
                         e = winner;
                     }
                 }

@@ -137,11 +137,14 @@ impl<S, O> CpuSet<S, O> {
     /// Detach: called from the owning thread when its `Attachment` drops.
     pub(crate) fn detach(&self, a: Attachment) {
         assert_eq!(a.set_id, self.id, "Attachment of another CpuSet");
-        REGISTRY.with(|r| {
+        // `try_with`: a guard kept in another thread-local may drop after the
+        // registry is gone, at thread exit; the slot is freed all the same.
+        let _ = REGISTRY.try_with(|r| {
             let mut r = r.borrow_mut();
-            let pos = r.iter().position(|e| e.set == self.id && !e.transient).expect("attachment not registered");
-            assert!(!r[pos].busy, "detach while an operation holds the slot");
-            r.swap_remove(pos);
+            if let Some(pos) = r.iter().position(|e| e.set == self.id && !e.transient) {
+                assert!(!r[pos].busy, "detach while an operation holds the slot");
+                r.swap_remove(pos);
+            }
         });
         // Release: our uses of `owned` happen-before the next attacher's Acquire CAS.
         self.slots[a.index].state.store(FREE, Ordering::Release);
@@ -196,7 +199,7 @@ impl<S, O> Drop for Claim<'_, S, O> {
     fn drop(&mut self) {
         let id = self.set.id;
         let index = self.index;
-        REGISTRY.with(|r| {
+        let _ = REGISTRY.try_with(|r| {
             let mut r = r.borrow_mut();
             if let Some(pos) = r.iter().position(|e| e.set == id && e.slot == index && e.busy) {
                 if r[pos].transient {

@@ -15,7 +15,7 @@
 //!
 //! ```text
 //! reader (owner of counter c)          writer
-//!   c.store(c+1)   [now odd]             unlink X (e.g. clear a PTE)
+//!   c.store(c+1, Release) [odd]          unlink X (e.g. clear a PTE)
 //!   fence(SeqCst)  ---- pairs with ----  fence(SeqCst)
 //!   read pointers, use X                 for each reader r:
 //!   c.store(c+1, Release) [even] ---->     v = r.load(Acquire)
@@ -41,6 +41,8 @@
 //! The loom model `tests/loom_rcu.rs` checks the reader/writer pairing, and
 //! fails when the grace period is skipped (`--cfg vmfault_mutation="rcu_no_grace"`)
 //! or when the reader's fence is removed (`--cfg vmfault_mutation="rcu_no_reader_fence"`).
+//! A third model covers a writer that meets the *next* section's odd value;
+//! it guards the Release on the entry store (`rcu_relaxed_entry`).
 
 use std::cell::Cell;
 
@@ -106,7 +108,14 @@ impl Rcu {
             // Only this reader writes its counter, so load + store suffices.
             let v = c.load(Ordering::Relaxed);
             debug_assert!(v & 1 == 0, "reader counter odd outside a section");
-            c.store(v + 1, Ordering::Relaxed);
+            // Release, not Relaxed: a writer that saw the previous section's
+            // odd value and now reads this one (having missed the even value
+            // in between) must still synchronize with everything the previous
+            // section did. Under C++20 rules a relaxed store does not continue
+            // the release sequence of the exit store before it.
+            let entry =
+                if cfg!(vmfault_mutation = "rcu_relaxed_entry") { Ordering::Relaxed } else { Ordering::Release };
+            c.store(v + 1, entry);
             // Pairs with the fence at the start of `synchronize`: either the
             // writer sees this odd counter, or this section sees the unlink.
             if !cfg!(vmfault_mutation = "rcu_no_reader_fence") {
