@@ -53,8 +53,12 @@ pub(crate) fn run(a: RunArgs) -> Result<(), String> {
     }
     let (vm, sizes) = build_vm(&a, w, threads)?;
     let target = VmTarget::new(&vm)?;
-    let r = harness::round(w, &target, threads, secs, &sizes)?;
-    print!("{}", report(&vm, w, threads, &r));
+    let spinner = indicatif::ProgressBar::new_spinner();
+    spinner.set_message(format!("running {} on {threads} vCPU(s) for {secs} s", w.name()));
+    spinner.enable_steady_tick(std::time::Duration::from_millis(120));
+    let r = harness::round(w, &target, threads, secs, &sizes);
+    spinner.finish_and_clear();
+    print!("{}", report(&vm, w, threads, &r?));
     Ok(())
 }
 
