@@ -85,22 +85,12 @@ fn fixed_over_the_middle_of_a_mapping_merges_back() {
 
 #[test]
 fn zero_lengths_and_overflows() {
+    check(&AbsOp::ALL.map(TOp::Abs));
     check(&[
         TOp::Munmap { off: 0, len: 0 },
         TOp::Mprotect { off: 0, len: 0, prot: R },
         TOp::Madvise { off: 0, len: 0, advice: libc::MADV_DONTNEED },
         TOp::Mmap { place: Place::Fixed, off: 0, len: 0, prot: R, flags: anon(true) },
-        TOp::Abs(AbsOp::MmapNoType),
-        TOp::Abs(AbsOp::MmapHugeLen),
-        TOp::Abs(AbsOp::MmapAlignOverflow),
-        TOp::Abs(AbsOp::MmapFixedTop),
-        TOp::Abs(AbsOp::MunmapHugeLen),
-        TOp::Abs(AbsOp::MunmapAboveTask),
-        TOp::Abs(AbsOp::MprotectAlignOverflow),
-        TOp::Abs(AbsOp::MprotectWrapEnd),
-        TOp::Abs(AbsOp::MadviseHugeLen),
-        TOp::Abs(AbsOp::MadviseWrapEnd),
-        TOp::Abs(AbsOp::MadviseAboveTask),
         TOp::Mprotect { off: 0, len: P, prot: 0x100 },
         TOp::Mmap { place: Place::Fixed, off: 5, len: P, prot: R, flags: anon(true) },
         TOp::Munmap { off: 5, len: P },

@@ -8,75 +8,74 @@
 //! reader's access.
 //!
 //! Run: `RUSTFLAGS="--cfg loom" cargo test -p vmfault --release --test loom_rcu`.
-//! With `--cfg vmfault_mutation="rcu_no_grace"` (grace period skipped) or
-//! `--cfg vmfault_mutation="rcu_no_reader_fence"` (the reader's SeqCst fence
-//! removed) the model must fail; the tests then expect the panic. `.ci/run`
-//! runs all three configurations.
+//! With `--cfg vmfault_mutation="rcu_no_grace"` (grace period skipped),
+//! `"rcu_no_reader_fence"` (the reader's SeqCst fence removed) or
+//! `"rcu_relaxed_entry"` (the section's entry store made Relaxed) the
+//! models that depend on that piece must fail; they then expect the panic.
+//! `.ci/run` runs every configuration.
 #![cfg(loom)]
 
 use loom::cell::UnsafeCell;
 use loom::sync::Arc;
 use loom::sync::atomic::{AtomicU64, Ordering};
 use loom::thread;
-use vmfault::sync::rcu::Rcu;
+use vmfault::sync::rcu::{Rcu, RcuReader};
+
+/// What the reader vCPU sees: the RCU, its reader handle, the PTE, the frame.
+struct World {
+    rcu: Rcu,
+    pte: AtomicU64,
+    frame: UnsafeCell<u64>,
+}
+
+impl World {
+    /// If the PTE still maps the frame, read it: it must not have been reused.
+    fn use_frame_if_mapped(&self) {
+        if self.pte.load(Ordering::Acquire) == 1 {
+            // SAFETY: (model) the frame is mapped, so the writer must not
+            // reuse it before the caller's section ends.
+            let v = self.frame.with(|p| unsafe { *p });
+            assert_eq!(v, 7, "read a reused frame");
+        }
+    }
+}
+
+/// One reader thread running `reader`, against a writer that unmaps the
+/// frame, waits for a grace period and reuses it.
+fn model(reader: fn(&World, &RcuReader)) {
+    loom::model(move || {
+        let (rcu, mut readers) = Rcu::new(2);
+        let world = Arc::new(World { rcu, pte: AtomicU64::new(1), frame: UnsafeCell::new(7) });
+        let r1 = readers.pop().unwrap();
+        let t = {
+            let world = world.clone();
+            thread::spawn(move || reader(&world, &r1))
+        };
+        world.pte.store(0, Ordering::Release);
+        world.rcu.synchronize();
+        // SAFETY: (model) after the grace period nobody can hold the frame.
+        world.frame.with_mut(|p| unsafe { *p = 99 });
+        t.join().unwrap();
+    });
+}
 
 #[test]
 #[cfg_attr(any(vmfault_mutation = "rcu_no_grace", vmfault_mutation = "rcu_no_reader_fence"), should_panic)]
 fn unmapped_frame_is_not_reused_under_a_reader() {
-    loom::model(|| {
-        let (rcu, mut readers) = Rcu::new(2);
-        let rcu = Arc::new(rcu);
-        let pte = Arc::new(AtomicU64::new(1));
-        let frame = Arc::new(UnsafeCell::new(7u64));
-        let r1 = readers.pop().unwrap();
-        let reader = {
-            let (rcu, pte, frame) = (rcu.clone(), pte.clone(), frame.clone());
-            thread::spawn(move || {
-                let _section = rcu.read_lock(&r1);
-                if pte.load(Ordering::Acquire) == 1 {
-                    // SAFETY: (model) the frame is mapped, so the writer must
-                    // not reuse it before this section ends.
-                    let v = frame.with(|p| unsafe { *p });
-                    assert_eq!(v, 7, "read a reused frame");
-                }
-            })
-        };
-        pte.store(0, Ordering::Release);
-        rcu.synchronize();
-        // SAFETY: (model) after the grace period nobody can hold the frame.
-        frame.with_mut(|p| unsafe { *p = 99 });
-        reader.join().unwrap();
+    model(|w, r| {
+        let _section = w.rcu.read_lock(r);
+        w.use_frame_if_mapped();
     });
 }
 
 #[test]
 #[cfg_attr(any(vmfault_mutation = "rcu_no_grace", vmfault_mutation = "rcu_no_reader_fence"), should_panic)]
 fn nested_sections_hold_the_grace_period_until_the_outer_one_ends() {
-    loom::model(|| {
-        let (rcu, mut readers) = Rcu::new(2);
-        let rcu = Arc::new(rcu);
-        let pte = Arc::new(AtomicU64::new(1));
-        let frame = Arc::new(UnsafeCell::new(7u64));
-        let r1 = readers.pop().unwrap();
-        let reader = {
-            let (rcu, pte, frame) = (rcu.clone(), pte.clone(), frame.clone());
-            thread::spawn(move || {
-                let outer = rcu.read_lock(&r1);
-                let seen = pte.load(Ordering::Acquire);
-                drop(rcu.read_lock(&r1));
-                if seen == 1 {
-                    // SAFETY: (model) still inside the outer section.
-                    let v = frame.with(|p| unsafe { *p });
-                    assert_eq!(v, 7);
-                }
-                drop(outer);
-            })
-        };
-        pte.store(0, Ordering::Release);
-        rcu.synchronize();
-        // SAFETY: (model) after the grace period nobody can hold the frame.
-        frame.with_mut(|p| unsafe { *p = 99 });
-        reader.join().unwrap();
+    model(|w, r| {
+        let outer = w.rcu.read_lock(r);
+        drop(w.rcu.read_lock(r));
+        w.use_frame_if_mapped();
+        drop(outer);
     });
 }
 
@@ -94,30 +93,11 @@ fn nested_sections_hold_the_grace_period_until_the_outer_one_ends() {
     should_panic
 )]
 fn a_writer_that_meets_the_next_section_is_still_ordered_after_this_one() {
-    loom::model(|| {
-        let (rcu, mut readers) = Rcu::new(2);
-        let rcu = Arc::new(rcu);
-        let pte = Arc::new(AtomicU64::new(1));
-        let frame = Arc::new(UnsafeCell::new(7u64));
-        let r1 = readers.pop().unwrap();
-        let reader = {
-            let (rcu, pte, frame) = (rcu.clone(), pte.clone(), frame.clone());
-            thread::spawn(move || {
-                {
-                    let _first = rcu.read_lock(&r1);
-                    if pte.load(Ordering::Acquire) == 1 {
-                        // SAFETY: (model) mapped, so not reused before this section ends.
-                        let v = frame.with(|p| unsafe { *p });
-                        assert_eq!(v, 7);
-                    }
-                }
-                let _second = rcu.read_lock(&r1);
-            })
-        };
-        pte.store(0, Ordering::Release);
-        rcu.synchronize();
-        // SAFETY: (model) after the grace period nobody can hold the frame.
-        frame.with_mut(|p| unsafe { *p = 99 });
-        reader.join().unwrap();
+    model(|w, r| {
+        {
+            let _first = w.rcu.read_lock(r);
+            w.use_frame_if_mapped();
+        }
+        let _second = w.rcu.read_lock(r);
     });
 }

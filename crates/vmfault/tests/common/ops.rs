@@ -118,6 +118,21 @@ pub fn pattern(seed: u8, len: usize) -> Vec<u8> {
 }
 
 impl AbsOp {
+    /// Every one of them.
+    pub const ALL: [AbsOp; 11] = [
+        AbsOp::MunmapHugeLen,
+        AbsOp::MunmapAboveTask,
+        AbsOp::MprotectAlignOverflow,
+        AbsOp::MprotectWrapEnd,
+        AbsOp::MadviseHugeLen,
+        AbsOp::MadviseWrapEnd,
+        AbsOp::MadviseAboveTask,
+        AbsOp::MmapHugeLen,
+        AbsOp::MmapAlignOverflow,
+        AbsOp::MmapFixedTop,
+        AbsOp::MmapNoType,
+    ];
+
     /// `(call, addr, len, prot, flags)` for the host and vmfault alike.
     pub fn args(self, base: u64) -> (&'static str, u64, u64, u32, u32) {
         let rw = (libc::PROT_READ | libc::PROT_WRITE) as u32;
@@ -303,20 +318,7 @@ fn advice() -> impl Strategy<Value = i32> {
 }
 
 fn abs_op() -> impl Strategy<Value = AbsOp> {
-    use AbsOp::*;
-    prop::sample::select(vec![
-        MunmapHugeLen,
-        MunmapAboveTask,
-        MprotectAlignOverflow,
-        MprotectWrapEnd,
-        MadviseHugeLen,
-        MadviseWrapEnd,
-        MadviseAboveTask,
-        MmapHugeLen,
-        MmapAlignOverflow,
-        MmapFixedTop,
-        MmapNoType,
-    ])
+    prop::sample::select(AbsOp::ALL.to_vec())
 }
 
 /// One random operation inside the window.
