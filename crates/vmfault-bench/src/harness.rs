@@ -77,7 +77,12 @@ fn counter_delta(before: &Option<Stats>, after: &Option<Stats>) -> BTreeMap<Stri
     let (Some(b), Some(a)) = (before, after) else {
         return BTreeMap::new();
     };
-    let names = Counter::ALL.iter().map(|c| c.name()).chain(["global_lock_acquisitions"]);
+    // Per-vCPU counters, plus the machine-wide monotonic ones.
+    let names = Counter::ALL.iter().map(|c| c.name()).chain([
+        "global_lock_acquisitions",
+        "pcp_remote_drains",
+        "pcp_pages_drained",
+    ]);
     names.map(|n| (n.to_string(), a.get(n).unwrap_or(0) - b.get(n).unwrap_or(0))).collect()
 }
 

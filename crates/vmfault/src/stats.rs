@@ -28,6 +28,8 @@ macro_rules! stats {
         impl Counter {
             /// Every counter, in display order.
             pub const ALL: &'static [Counter] = &[$(Counter::$c,)*];
+            /// How many counters there are.
+            pub const COUNT: usize = [$(Counter::$c,)*].len();
 
             /// The counter's name (also its field in [`Stats`]).
             pub fn name(self) -> &'static str {
@@ -98,7 +100,11 @@ macro_rules! stats {
 stats! {
     gauges {
         total_pages: "frames of physical memory",
-        free_pages: "frames free (global free list)",
+        free_pages: "frames free (global free list and per-CPU caches)",
+        global_free_pages: "frames on the global free list",
+        pcp_pages: "frames held in per-CPU caches",
+        pcp_remote_drains: "remote drains of the per-CPU caches that found frames",
+        pcp_pages_drained: "frames drained remotely from per-CPU caches",
         page_table_pages: "frames used as page-table pages",
         index_pages: "frames used as object page-index nodes",
         data_pages: "frames holding data pages of VM objects",
@@ -107,6 +113,8 @@ stats! {
     }
     counters {
         faults: "page faults handled (every outcome)",
+        pcp_hit: "frame allocations served by the vCPU's own cache",
+        pcp_miss: "frame allocations that refilled the vCPU's cache from the global list",
         zero_fill: "faults that allocated and zeroed a new page",
         zero_page_maps: "read faults satisfied by mapping the shared zero page",
         page_maps: "faults that mapped a page already resident in its object",
@@ -130,12 +138,14 @@ stats! {
 /// The counters of one vCPU slot (`[o]`: written by the slot's owner only).
 #[derive(Debug)]
 pub(crate) struct CounterSet {
-    values: Box<[AtomicU64]>,
+    /// Inline, not on the heap: the set lives in its vCPU's padded slot, so
+    /// no other vCPU's counters share its cache lines.
+    values: [AtomicU64; Counter::COUNT],
 }
 
 impl CounterSet {
     pub(crate) fn new() -> CounterSet {
-        CounterSet { values: (0..Counter::ALL.len()).map(|_| AtomicU64::new(0)).collect() }
+        CounterSet { values: std::array::from_fn(|_| AtomicU64::new(0)) }
     }
 
     /// Add `n` to counter `c`. Only the slot's owner calls this.

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use crate::aspace::AddressSpace;
 use crate::config::VmConfig;
 use crate::error::{Error, Result};
-use crate::phys::{Kind, PhysMem};
+use crate::phys::{Frames, Kind, PhysMem};
 use crate::stats::{Counter, CounterSet, CpuCounters, CpuStats, Stats};
 use crate::sync::cpu::{Attachment, Claim, CpuSet};
 use crate::sync::rcu::{Rcu, RcuReadGuard, RcuReader};
@@ -78,6 +78,12 @@ impl Ctx<'_> {
         self.cpu.counters.add(c, n);
     }
 
+    /// This vCPU's view of the frame allocator (its page cache first).
+    #[inline]
+    pub(crate) fn frames(&self) -> Frames<'_> {
+        Frames::new(&self.m.phys, &self.m.rcu, &self.own.rcu, &self.cpu.counters)
+    }
+
     /// Enter an RCU read-side section as this vCPU.
     #[inline]
     pub(crate) fn rcu_read(&self) -> RcuReadGuard<'_> {
@@ -134,14 +140,38 @@ impl Vm {
     pub fn new(config: VmConfig) -> Result<Vm> {
         config.validate()?;
         let frames = (config.phys_bytes / PAGE_SIZE) as u32;
-        let phys = PhysMem::new(frames, config.prefault)?;
         let (rcu, readers) = Rcu::new(config.cpus + 1);
+        let phys = PhysMem::new(frames, config.prefault, &rcu, config.pcp())?;
         let mut readers = readers.into_iter();
         let cpus = CpuSet::new(config.cpus, |_| {
             let reader = readers.next().expect("one reader per slot");
             (PerCpu { counters: CounterSet::new() }, PerCpuOwned { rcu: reader, next_object: Cell::new(1) })
         });
-        Ok(Vm { m: Arc::new(Machine { config, phys, rcu, cpus }) })
+        let m = Arc::new(Machine { config, phys, rcu, cpus });
+        if m.config.pcpu_drain_hz > 0 {
+            spawn_drainer(&m)?;
+        }
+        Ok(Vm { m })
+    }
+
+    /// Drain every vCPU's page cache into the global free list, without the
+    /// vCPUs' cooperation (they may be idle, blocked or busy): swap in an
+    /// empty cache, wait for a grace period, drain the old one. Returns the
+    /// frames drained.
+    ///
+    /// ```
+    /// use vmfault::{Vm, VmConfig, Prot, MapFlags};
+    /// let vm = Vm::new(VmConfig { phys_bytes: 16 << 20, ..VmConfig::default() })?;
+    /// let space = vm.new_space()?;
+    /// let a = space.mmap(0, 4096, Prot::READ | Prot::WRITE, MapFlags::PRIVATE | MapFlags::ANONYMOUS)?;
+    /// space.write(a, b"x")?; // the fault filled this vCPU's cache from the global list
+    /// assert!(vm.stats().pcp_pages > 0);
+    /// vm.drain_pcpu_caches();
+    /// assert_eq!(vm.stats().pcp_pages, 0);
+    /// # Ok::<(), vmfault::Error>(())
+    /// ```
+    pub fn drain_pcpu_caches(&self) -> u64 {
+        self.m.phys.drain_pcpu(&self.m.rcu) as u64
     }
 
     /// The configuration.
@@ -179,9 +209,14 @@ impl Vm {
     /// Statistics: gauges now, counters summed over all vCPU slots.
     pub fn stats(&self) -> Stats {
         let phys = &self.m.phys;
+        let (drains, drained) = phys.pcp_drain_stats();
         let mut s = Stats {
             total_pages: phys.total_frames(),
-            free_pages: phys.free_frames(),
+            free_pages: phys.global_free_frames() + phys.pcp_frames(),
+            global_free_pages: phys.global_free_frames(),
+            pcp_pages: phys.pcp_frames(),
+            pcp_remote_drains: drains,
+            pcp_pages_drained: drained,
             global_lock_acquisitions: phys.lock_acquisitions(),
             cpus_attached: (0..self.m.cpus.cpus()).filter(|&i| self.m.cpus.is_attached(i)).count() as u64,
             ..Stats::default()
@@ -249,6 +284,30 @@ impl Drop for CpuGuard {
     }
 }
 
+/// The `pcpu_drain_hz` thread: drains all page caches periodically until
+/// the machine is gone.
+fn spawn_drainer(m: &Arc<Machine>) -> Result<()> {
+    let weak = Arc::downgrade(m);
+    let period = std::time::Duration::from_secs_f64(1.0 / f64::from(m.config.pcpu_drain_hz));
+    std::thread::Builder::new()
+        .name("vmfault-pcp-drain".into())
+        .spawn(move || {
+            let mut next = std::time::Instant::now() + period;
+            loop {
+                std::thread::sleep(next.saturating_duration_since(std::time::Instant::now()));
+                next += period;
+                match weak.upgrade() {
+                    Some(m) => {
+                        m.phys.drain_pcpu(&m.rcu);
+                    }
+                    None => return,
+                }
+            }
+        })
+        .map(|_| ())
+        .map_err(|e| Error::Host { call: "spawn of the page-cache drain thread", errno: e.raw_os_error().unwrap_or(0) })
+}
+
 #[allow(dead_code)]
 fn _assert_traits() {
     fn send_sync<T: Send + Sync + Clone>() {}
@@ -289,6 +348,7 @@ mod tests {
         let s = vm.stats();
         assert_eq!(s.total_pages, 256);
         assert_eq!(s.free_pages, 255);
+        assert_eq!(s.pcp_pages, 0);
         assert_eq!(s.faults, 0);
         assert_eq!(vm.cpu_stats().len(), 3);
     }

@@ -84,8 +84,9 @@ pub(crate) struct Space {
 
 impl AddressSpace {
     pub(crate) fn new(vm: Vm) -> Result<AddressSpace> {
-        let pmap =
-            Pmap::new(&vm.m.phys).map_err(|_| Error::NoMemory { op: Op::NewSpace, what: "a page-table root" })?;
+        let pmap = vm
+            .with_ctx(|ctx| Pmap::new(&ctx.frames()))
+            .map_err(|_| Error::NoMemory { op: Op::NewSpace, what: "a page-table root" })?;
         Ok(AddressSpace {
             s: Arc::new(Space { vm, map: RwLock::new(VmaTree::default()), pmap, anon_lock: Mutex::new(()) }),
         })
@@ -143,7 +144,7 @@ impl Space {
         if frames.is_empty() {
             self.vm.m.rcu.synchronize();
         } else {
-            self.vm.m.phys.free_after_grace(&self.vm.m.rcu, frames);
+            ctx.frames().free_after_grace(frames);
         }
     }
 }

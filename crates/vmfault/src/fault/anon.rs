@@ -5,11 +5,14 @@
 //!    (`prepare`, Linux's `anon_vma_prepare`, including its reuse of a
 //!    neighbour's object so that the two VMAs can merge later).
 //! 2. Allocate missing page-table pages.
-//! 3. Inside an RCU section: pick the page (the object's; the shared zero
-//!    page for a read of untouched private memory; or a new page, zeroed
-//!    *before* the PTE lock is taken), take the PTE lock, re-check the PTE,
-//!    insert a new page into the object, install the PTE (Release), call
-//!    back with the frame, unlock.
+//! 3. Outside any RCU section (allocation may drain every vCPU's page
+//!    cache, which waits for a grace period): if the page is not resident
+//!    and this fault may allocate, reserve its object-index slot and
+//!    allocate and zero a new page, before any lock.
+//! 4. Inside an RCU section: pick the page (the object's; the shared zero
+//!    page for a read of untouched private memory; or the new one), take
+//!    the PTE lock, re-check the PTE, insert a new page into the object,
+//!    install the PTE (Release), call back with the frame, unlock.
 //!
 //! Nothing is half-installed on failure: a new page that could not be
 //! inserted is freed, and a PTE is written only once its page is complete.
@@ -56,20 +59,32 @@ pub(super) fn resolve(
     } else {
         vma.object.get()
     };
-    let leaf = space.pmap.pte_alloc(phys, fault.addr).map_err(|_| nomem("a page-table page"))?;
+    let frames = ctx.frames();
+    let leaf = space.pmap.pte_alloc(&frames, fault.addr).map_err(|_| nomem("a page-table page"))?;
+
+    // Outside any read-side section: allocating may have to drain every
+    // vCPU's page cache, which waits for a grace period. Zeroing is the bulk
+    // of a fault's work; it is done here too, before any lock.
+    let mut fresh = None;
+    if may_allocate {
+        let o = object.expect("allocating faults have an object");
+        let resident = {
+            let _rcu = ctx.rcu_read();
+            o.lookup(pindex).is_some()
+        };
+        if !resident {
+            o.reserve(&frames, pindex).map_err(|_| nomem("an object's page-index node"))?;
+            let mut frame = frames.alloc().ok_or_else(|| {
+                ctx.count(Counter::fault_nomem);
+                nomem("a data page")
+            })?;
+            phys.zero(&mut frame);
+            fresh = Some(frame);
+        }
+    }
 
     let _rcu = ctx.rcu_read();
     let existing = object.and_then(|o| o.lookup(pindex));
-    let mut fresh = None;
-    if existing.is_none() && may_allocate {
-        let mut frame = phys.alloc().ok_or_else(|| {
-            ctx.count(Counter::fault_nomem);
-            nomem("a data page")
-        })?;
-        phys.zero(&mut frame);
-        fresh = Some(frame);
-    }
-
     let (_ptl, contended) = Pmap::lock(phys, &leaf);
     if contended {
         ctx.count(Counter::pte_lock_contended);
@@ -77,7 +92,7 @@ pub(super) fn resolve(
     let cur = Pte(leaf.entry.load(Ordering::Relaxed));
     if cur.allows(fault.access) {
         if let Some(frame) = fresh {
-            phys.free_owned(frame);
+            frames.free_owned(frame);
         }
         f(cur.pfn());
         return Ok(Resolved::Raced);
@@ -85,19 +100,21 @@ pub(super) fn resolve(
     let (pfn, resolved) = match (existing, fresh) {
         (Some(p), fresh) => {
             if let Some(frame) = fresh {
-                phys.free_owned(frame);
+                frames.free_owned(frame);
             }
             (p, if cur.is_present() { Resolved::Upgraded } else { Resolved::Mapped })
         }
-        (None, Some(frame)) => match object.expect("allocating faults have an object").insert(pindex, frame) {
+        (None, Some(frame)) => match object.expect("allocating faults have an object").insert(&frames, pindex, frame) {
             Ok(Insert::Ours(p)) => (p, Resolved::ZeroFill),
             Ok(Insert::Theirs(p)) => (p, Resolved::Mapped),
             Err((_, frame)) => {
-                phys.free_owned(frame);
+                frames.free_owned(frame);
                 ctx.count(Counter::fault_nomem);
                 return Err(nomem("an object's page-index node"));
             }
         },
+        // Under the map lock a resident page cannot vanish, so only a fault
+        // that may not allocate gets here: a read of untouched private memory.
         (None, None) => (phys.zero_pfn(), Resolved::ZeroPage),
     };
     let exec = vma.prot.contains(Prot::EXEC);

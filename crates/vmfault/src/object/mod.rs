@@ -26,7 +26,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use crate::phys::{Kind, OwnedFrame, Pfn, PhysMem};
+use crate::phys::{Frames, Kind, OwnedFrame, Pfn};
 use crate::pmap::{OutOfFrames, Radix};
 use crate::vm::{Ctx, Machine};
 
@@ -46,7 +46,7 @@ const PRESENT: u64 = 1;
 impl Object {
     /// A new anonymous object.
     pub(crate) fn new_anon(ctx: &Ctx<'_>, m: &Arc<Machine>) -> Result<Arc<Object>, OutOfFrames> {
-        let index = Radix::new(&m.phys, Kind::Index)?;
+        let index = Radix::new(&ctx.frames(), Kind::Index)?;
         Ok(Arc::new(Object { id: ctx.new_object_id(), index, m: m.clone() }))
     }
 
@@ -61,12 +61,23 @@ impl Object {
         (e & PRESENT != 0).then_some(Pfn((e >> 12) as u32))
     }
 
+    /// Make sure the index has a slot for `pindex` (allocating index nodes
+    /// now, outside any read-side section, so that `insert` need not).
+    pub(crate) fn reserve(&self, frames: &Frames<'_>, pindex: u64) -> Result<(), OutOfFrames> {
+        self.index.leaf_alloc(frames, pindex).map(|_| ())
+    }
+
     /// Insert a filled page at `pindex`. Returns the page now at `pindex`:
     /// ours, or the one another vCPU inserted first (ours is then freed).
     /// On a lack of frames for the index, the page comes back unchanged.
-    pub(crate) fn insert(&self, pindex: u64, page: OwnedFrame) -> Result<Insert, (OutOfFrames, OwnedFrame)> {
-        let phys: &PhysMem = &self.m.phys;
-        let leaf = match self.index.leaf_alloc(phys, pindex) {
+    pub(crate) fn insert(
+        &self,
+        frames: &Frames<'_>,
+        pindex: u64,
+        page: OwnedFrame,
+    ) -> Result<Insert, (OutOfFrames, OwnedFrame)> {
+        let phys = frames.phys();
+        let leaf = match self.index.leaf_alloc(frames, pindex) {
             Ok((leaf, _)) => leaf,
             Err(e) => return Err((e, page)),
         };
@@ -82,7 +93,7 @@ impl Object {
         match leaf.entry.compare_exchange(0, entry, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => Ok(Insert::Ours(pfn)),
             Err(theirs) => {
-                phys.free_owned(phys.unpublish(pfn, Kind::Data));
+                frames.free_owned(phys.unpublish(pfn, Kind::Data));
                 Ok(Insert::Theirs(Pfn((theirs >> 12) as u32)))
             }
         }

@@ -29,6 +29,7 @@
 pub(crate) mod arena;
 pub(crate) mod freelist;
 pub(crate) mod page;
+pub(crate) mod pcpu;
 
 use std::sync::atomic::AtomicU64 as StdAtomicU64;
 use std::sync::atomic::Ordering;
@@ -36,8 +37,10 @@ use std::sync::atomic::Ordering;
 use arena::Arena;
 use freelist::FreeList;
 pub(crate) use page::{Kind, Page};
+pub(crate) use pcpu::{Frames, PcpConfig};
 
 use crate::error::Result;
+use crate::sync::percpu::PerCpuCache;
 use crate::sync::rcu::Rcu;
 use crate::types::PAGE_SIZE;
 
@@ -62,7 +65,6 @@ impl OwnedFrame {
 }
 
 /// The physical memory of one `Vm`.
-#[derive(Debug)]
 pub(crate) struct PhysMem {
     /// `[I]` the frames' memory.
     arena: Arena,
@@ -70,17 +72,56 @@ pub(crate) struct PhysMem {
     pages: Box<[Page]>,
     /// `[F]` the global free list.
     free: FreeList,
+    /// Per-vCPU page caches (`None` with `pcpu_pages = 0`); see `sync::percpu`.
+    pcp: Option<PerCpuCache<u32>>,
+    /// `[I]` their sizes.
+    pcp_config: PcpConfig,
+}
+
+impl std::fmt::Debug for PhysMem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PhysMem")
+            .field("frames", &self.pages.len())
+            .field("free", &self.free.free_frames())
+            .field("pcp", &self.pcp)
+            .finish()
+    }
 }
 
 impl PhysMem {
     /// Physical memory of `frames` frames; frame 0 becomes the zero page.
-    pub(crate) fn new(frames: u32, prefault: bool) -> Result<PhysMem> {
+    /// With a capacity in `pcp`, each reader of `rcu` gets a page cache.
+    pub(crate) fn new(frames: u32, prefault: bool, rcu: &Rcu, pcp: PcpConfig) -> Result<PhysMem> {
         let arena = Arena::new(frames, prefault)?;
         let pages: Box<[Page]> = (0..frames).map(|_| Page::new()).collect();
         // A fresh anonymous mapping reads as zeros: frame 0 is already the zero page.
         pages[0].set_kind(Kind::Free, Kind::Zero);
         let free = FreeList::new(&pages, 1);
-        Ok(PhysMem { arena, pages, free })
+        let cache = (pcp.capacity > 0).then(|| PerCpuCache::new(rcu, pcp.capacity));
+        Ok(PhysMem { arena, pages, free, pcp: cache, pcp_config: pcp })
+    }
+
+    /// Drain every per-CPU cache into the global list (remotely: see
+    /// `sync::percpu`). Returns the frames drained. Not inside a read-side
+    /// section of the calling thread.
+    pub(crate) fn drain_pcpu(&self, rcu: &Rcu) -> usize {
+        let Some(pcp) = &self.pcp else { return 0 };
+        let mut drained = Vec::new();
+        let n = pcp.drain_all(rcu, |p| drained.push(p));
+        if n > 0 {
+            self.free.give(&self.pages, drained);
+        }
+        n
+    }
+
+    /// Frames held in per-CPU caches (a snapshot).
+    pub(crate) fn pcp_frames(&self) -> u64 {
+        self.pcp.as_ref().map_or(0, |p| p.cached() as u64)
+    }
+
+    /// Remote drains that found frames, and frames drained, so far.
+    pub(crate) fn pcp_drain_stats(&self) -> (u64, u64) {
+        self.pcp.as_ref().map_or((0, 0), |p| p.drain_stats())
     }
 
     /// The shared zero page.
@@ -94,7 +135,7 @@ impl PhysMem {
     }
 
     /// Frames on the global free list (a snapshot).
-    pub(crate) fn free_frames(&self) -> u64 {
+    pub(crate) fn global_free_frames(&self) -> u64 {
         self.free.free_frames()
     }
 
@@ -107,18 +148,6 @@ impl PhysMem {
     #[inline]
     pub(crate) fn page(&self, pfn: Pfn) -> &Page {
         &self.pages[pfn.0 as usize]
-    }
-
-    /// Allocate one frame (one global-lock acquisition).
-    pub(crate) fn alloc(&self) -> Option<OwnedFrame> {
-        self.free.take_one(&self.pages).map(|p| OwnedFrame(Pfn(p)))
-    }
-
-    /// Allocate one frame and zero it.
-    pub(crate) fn alloc_zeroed(&self) -> Option<OwnedFrame> {
-        let mut f = self.alloc()?;
-        self.zero(&mut f);
-        Some(f)
     }
 
     /// Fill an owned frame with zeros (plain writes: rule 1).
@@ -146,11 +175,6 @@ impl PhysMem {
         OwnedFrame(pfn)
     }
 
-    /// Free a frame that was never published (nobody else can hold it).
-    pub(crate) fn free_owned(&self, f: OwnedFrame) {
-        self.free.give(&self.pages, std::iter::once(f.0.0));
-    }
-
     /// Free published frames that have been unlinked from everywhere: wait
     /// for a grace period of `rcu` (rule 3), then free them in one batch.
     pub(crate) fn free_after_grace(&self, rcu: &Rcu, frames: &[Pfn]) {
@@ -158,18 +182,18 @@ impl PhysMem {
             return;
         }
         rcu.synchronize();
-        let pages = &self.pages;
-        self.free.give(
-            pages,
-            frames.iter().map(|&pfn| {
-                let page = &pages[pfn.0 as usize];
-                let kind = page.kind();
-                assert!(matches!(kind, Kind::Data | Kind::Table | Kind::Index), "freeing a {kind:?} frame");
-                page.set_kind(kind, Kind::Owned);
-                page.object.store(0, Ordering::Relaxed);
-                pfn.0
-            }),
-        );
+        self.free.give(&self.pages, frames.iter().map(|&pfn| self.retire(pfn)));
+    }
+
+    /// A published frame, unlinked everywhere and past its grace period,
+    /// becomes owned again (ready for a free list).
+    fn retire(&self, pfn: Pfn) -> u32 {
+        let page = self.page(pfn);
+        let kind = page.kind();
+        assert!(matches!(kind, Kind::Data | Kind::Table | Kind::Index), "freeing a {kind:?} frame");
+        page.set_kind(kind, Kind::Owned);
+        page.object.store(0, Ordering::Relaxed);
+        pfn.0
     }
 
     /// The frame as 512 atomic words (rule 2).
@@ -233,13 +257,16 @@ impl PhysMem {
 mod tests {
     use super::*;
 
+    const NO_PCP: PcpConfig = PcpConfig { capacity: 0, fill: 0, drain: 0 };
+
     #[test]
     fn alloc_zero_publish_free() {
-        let phys = PhysMem::new(32, false).unwrap();
         let (rcu, _r) = Rcu::new(1);
+        let phys = PhysMem::new(32, false, &rcu, NO_PCP).unwrap();
+        let frames = Frames::global(&phys);
         assert_eq!(phys.total_frames(), 32);
-        assert_eq!(phys.free_frames(), 31);
-        let f = phys.alloc_zeroed().unwrap();
+        assert_eq!(phys.global_free_frames(), 31);
+        let f = frames.alloc_zeroed().unwrap();
         let pfn = phys.publish(f, Kind::Data);
         phys.write_bytes(pfn, 4093, b"abc");
         phys.write_bytes(pfn, 0, b"0123456789");
@@ -250,9 +277,9 @@ mod tests {
         phys.read_bytes(pfn, 4093, &mut tail);
         assert_eq!(&tail, b"abc");
         phys.free_after_grace(&rcu, &[pfn]);
-        assert_eq!(phys.free_frames(), 31);
+        assert_eq!(phys.global_free_frames(), 31);
         // Reallocation zeroes it again.
-        let f = phys.alloc_zeroed().unwrap();
+        let f = frames.alloc_zeroed().unwrap();
         let pfn = phys.publish(f, Kind::Data);
         phys.read_bytes(pfn, 4093, &mut tail);
         assert_eq!(tail, [0; 3]);
@@ -264,16 +291,52 @@ mod tests {
 
     #[test]
     fn runs_out_cleanly() {
-        let phys = PhysMem::new(16, false).unwrap();
-        let mut frames = Vec::new();
-        while let Some(f) = phys.alloc() {
-            frames.push(f);
+        let (rcu, _r) = Rcu::new(1);
+        let phys = PhysMem::new(16, false, &rcu, NO_PCP).unwrap();
+        let frames = Frames::global(&phys);
+        let mut got = Vec::new();
+        while let Some(f) = frames.alloc() {
+            got.push(f);
         }
-        assert_eq!(frames.len(), 15);
-        assert_eq!(phys.free_frames(), 0);
-        for f in frames {
-            phys.free_owned(f);
+        assert_eq!(got.len(), 15);
+        assert_eq!(phys.global_free_frames(), 0);
+        for f in got {
+            frames.free_owned(f);
         }
-        assert_eq!(phys.free_frames(), 15);
+        assert_eq!(phys.global_free_frames(), 15);
+    }
+
+    #[test]
+    fn caches_fill_drain_and_give_everything_back() {
+        let (rcu, readers) = Rcu::new(2);
+        let cfg = PcpConfig { capacity: 4, fill: 3, drain: 4 };
+        let phys = PhysMem::new(16, false, &rcu, cfg).unwrap();
+        let counters = crate::stats::CounterSet::new();
+        let a = Frames::new(&phys, &rcu, &readers[0], &counters);
+        let b = Frames::new(&phys, &rcu, &readers[1], &counters);
+        let f1 = a.alloc().unwrap();
+        assert_eq!((phys.pcp_frames(), phys.global_free_frames(), phys.lock_acquisitions()), (2, 12, 1));
+        let f2 = a.alloc().unwrap();
+        assert_eq!(phys.lock_acquisitions(), 1, "a hit takes no lock");
+        a.free_owned(f1);
+        a.free_owned(f2);
+        assert_eq!(phys.pcp_frames(), 3);
+        // b takes everything left on the global list, then more: a's
+        // cache is drained remotely to satisfy it.
+        let mut got = Vec::new();
+        while let Some(f) = b.alloc() {
+            got.push(f);
+        }
+        assert_eq!(got.len(), 15, "every frame is usable from any vCPU");
+        assert_eq!(phys.pcp_drain_stats(), (1, 3), "a's cache drained once, when the global list ran dry");
+        for f in got {
+            b.free_owned(f);
+        }
+        phys.drain_pcpu(&rcu);
+        assert_eq!((phys.pcp_frames(), phys.global_free_frames()), (0, 15));
+        // 17 frames handed out, plus two attempts that found nothing: one
+        // before the drain, and the last one.
+        let (hit, miss) = (counters.get(crate::stats::Counter::pcp_hit), counters.get(crate::stats::Counter::pcp_miss));
+        assert_eq!(hit + miss, 17 + 2);
     }
 }

@@ -19,7 +19,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::phys::{Kind, OwnedFrame, Pfn, PhysMem, WORDS};
+use crate::phys::{Frames, Kind, OwnedFrame, Pfn, PhysMem, WORDS};
 
 /// Levels of the tree.
 pub(crate) const LEVELS: u32 = 4;
@@ -76,9 +76,9 @@ pub(crate) struct Leaf<'a> {
 
 impl Radix {
     /// A tree with a fresh root of frame kind `kind`.
-    pub(crate) fn new(phys: &PhysMem, kind: Kind) -> Result<Radix, OutOfFrames> {
-        let root = phys.alloc_zeroed().ok_or(OutOfFrames)?;
-        Ok(Radix { root: phys.publish(root, kind), kind })
+    pub(crate) fn new(frames: &Frames<'_>, kind: Kind) -> Result<Radix, OutOfFrames> {
+        let root = frames.alloc_zeroed().ok_or(OutOfFrames)?;
+        Ok(Radix { root: frames.phys().publish(root, kind), kind })
     }
 
     /// The leaf entry for `index`, if every level above it exists.
@@ -103,15 +103,16 @@ impl Radix {
 
     /// The leaf entry for `index`, adding missing interior nodes.
     /// Returns how many nodes this call added, for accounting.
-    pub(crate) fn leaf_alloc<'p>(&self, phys: &'p PhysMem, index: u64) -> Result<(Leaf<'p>, u32), OutOfFrames> {
+    pub(crate) fn leaf_alloc<'p>(&self, frames: &Frames<'p>, index: u64) -> Result<(Leaf<'p>, u32), OutOfFrames> {
         debug_assert!(index < INDEX_LIMIT);
+        let phys = frames.phys();
         let mut node = self.root;
         let mut added = 0;
         for level in (1..LEVELS).rev() {
             let slot = &phys.words(node)[slot_at(index, level)];
             let mut e = slot.load(Ordering::Acquire);
             if e == 0 {
-                let fresh: OwnedFrame = phys.alloc_zeroed().ok_or(OutOfFrames)?;
+                let fresh: OwnedFrame = frames.alloc_zeroed().ok_or(OutOfFrames)?;
                 // The kind is set before the frame becomes reachable, so
                 // whoever finds it (and may free it) sees its real kind.
                 let child = phys.publish(fresh, self.kind);
@@ -123,7 +124,7 @@ impl Radix {
                     }
                     Err(winner) => {
                         // Never reachable: take it back and free it.
-                        phys.free_owned(phys.unpublish(child, self.kind));
+                        frames.free_owned(phys.unpublish(child, self.kind));
                         e = winner;
                     }
                 }
@@ -246,22 +247,27 @@ fn collect(phys: &PhysMem, node: Pfn, level: u32, out: &mut Vec<Pfn>, mut leaves
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+    use crate::phys::PcpConfig;
+
+    const NO_PCP: PcpConfig = PcpConfig { capacity: 0, fill: 0, drain: 0 };
 
     #[test]
     fn leaves_are_allocated_and_found() {
-        let phys = PhysMem::new(64, false).unwrap();
-        let r = Radix::new(&phys, Kind::Index).unwrap();
+        let (rcu, _r) = crate::sync::rcu::Rcu::new(1);
+        let phys = PhysMem::new(64, false, &rcu, NO_PCP).unwrap();
+        let frames = Frames::global(&phys);
+        let r = Radix::new(&frames, Kind::Index).unwrap();
         assert!(r.leaf(&phys, 12345).is_none());
-        let (leaf, added) = r.leaf_alloc(&phys, 12345).unwrap();
+        let (leaf, added) = r.leaf_alloc(&frames, 12345).unwrap();
         assert_eq!(added, 3);
         leaf.entry.store(77, Ordering::Relaxed);
         let again = r.leaf(&phys, 12345).unwrap();
         assert_eq!(again.entry.load(Ordering::Relaxed), 77);
         assert_eq!(again.node, leaf.node);
-        let (_, added) = r.leaf_alloc(&phys, 12346).unwrap();
+        let (_, added) = r.leaf_alloc(&frames, 12346).unwrap();
         assert_eq!(added, 0);
         let far = INDEX_LIMIT - 1;
-        r.leaf_alloc(&phys, far).unwrap().0.entry.store(5, Ordering::Relaxed);
+        r.leaf_alloc(&frames, far).unwrap().0.entry.store(5, Ordering::Relaxed);
         let mut seen = Vec::new();
         r.for_each_present(&phys, 0, INDEX_LIMIT, |i, l| seen.push((i, l.entry.load(Ordering::Relaxed))));
         assert_eq!(seen, vec![(12345, 77), (far, 5)]);
@@ -272,11 +278,13 @@ mod tests {
 
     #[test]
     fn prune_frees_only_whole_subtrees() {
-        let phys = PhysMem::new(64, false).unwrap();
-        let r = Radix::new(&phys, Kind::Table).unwrap();
+        let (rcu, _r) = crate::sync::rcu::Rcu::new(1);
+        let phys = PhysMem::new(64, false, &rcu, NO_PCP).unwrap();
+        let frames = Frames::global(&phys);
+        let r = Radix::new(&frames, Kind::Table).unwrap();
         // Two leaves in different level-0 nodes under one level-1 node.
-        r.leaf_alloc(&phys, 0).unwrap();
-        r.leaf_alloc(&phys, 512).unwrap();
+        r.leaf_alloc(&frames, 0).unwrap();
+        r.leaf_alloc(&frames, 512).unwrap();
         let mut out = Vec::new();
         // Range covering only the second leaf node: frees exactly that node.
         r.prune(&phys, 512, 1024, &mut out);

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::pte::Pte;
 use super::radix::{INDEX_LIMIT, Leaf, OutOfFrames, Radix};
-use crate::phys::{Kind, Pfn, PhysMem, WORDS};
+use crate::phys::{Frames, Kind, Pfn, PhysMem, WORDS};
 use crate::sync::spin::{self, WordGuard};
 use crate::types::{Access, PAGE_SHIFT, Prot};
 
@@ -34,8 +34,8 @@ fn vpn(addr: u64) -> u64 {
 
 impl Pmap {
     /// An empty page table (one root page).
-    pub(crate) fn new(phys: &PhysMem) -> Result<Pmap, OutOfFrames> {
-        Ok(Pmap { radix: Radix::new(phys, Kind::Table)?, tables: AtomicU64::new(1) })
+    pub(crate) fn new(frames: &Frames<'_>) -> Result<Pmap, OutOfFrames> {
+        Ok(Pmap { radix: Radix::new(frames, Kind::Table)?, tables: AtomicU64::new(1) })
     }
 
     /// Page-table pages in use.
@@ -56,8 +56,8 @@ impl Pmap {
     }
 
     /// The PTE slot for `addr`, allocating page-table pages as needed.
-    pub(crate) fn pte_alloc<'p>(&self, phys: &'p PhysMem, addr: u64) -> Result<Leaf<'p>, OutOfFrames> {
-        let (leaf, added) = self.radix.leaf_alloc(phys, vpn(addr))?;
+    pub(crate) fn pte_alloc<'p>(&self, frames: &Frames<'p>, addr: u64) -> Result<Leaf<'p>, OutOfFrames> {
+        let (leaf, added) = self.radix.leaf_alloc(frames, vpn(addr))?;
         if added > 0 {
             self.tables.fetch_add(u64::from(added), Ordering::Relaxed);
         }
@@ -153,14 +153,15 @@ mod tests {
 
     #[test]
     fn install_translate_protect_zap_prune() {
-        let phys = PhysMem::new(64, false).unwrap();
         let (rcu, _r) = Rcu::new(1);
-        let mut pmap = Pmap::new(&phys).unwrap();
+        let phys = PhysMem::new(64, false, &rcu, crate::phys::PcpConfig { capacity: 0, fill: 0, drain: 0 }).unwrap();
+        let frames = Frames::global(&phys);
+        let mut pmap = Pmap::new(&frames).unwrap();
         let addr = 0x7f00_0000_3000;
         assert_eq!(pmap.translate(&phys, addr, Access::Read), None);
-        let leaf = pmap.pte_alloc(&phys, addr).unwrap();
+        let leaf = pmap.pte_alloc(&frames, addr).unwrap();
         assert_eq!(pmap.tables(), 4);
-        let frame = phys.publish(phys.alloc_zeroed().unwrap(), Kind::Data);
+        let frame = phys.publish(frames.alloc_zeroed().unwrap(), Kind::Data);
         {
             let (_g, contended) = Pmap::lock(&phys, &leaf);
             assert!(!contended);
@@ -185,6 +186,6 @@ mod tests {
         pmap.teardown(&phys, &mut rest);
         assert_eq!(rest.len(), 1);
         phys.free_after_grace(&rcu, &rest);
-        assert_eq!(phys.free_frames(), 63);
+        assert_eq!(phys.global_free_frames(), 63);
     }
 }

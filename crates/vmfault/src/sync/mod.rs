@@ -13,15 +13,48 @@
 //! Under `--cfg loom` the atomics, fences and spin hints are loom's.
 
 pub(crate) mod cpu;
+pub mod percpu;
 pub mod rcu;
 pub(crate) mod spin;
 
 /// Atomics: `std`'s, or loom's under `--cfg loom`.
 pub(crate) mod atomic {
     #[cfg(loom)]
-    pub(crate) use loom::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
+    pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence};
     #[cfg(not(loom))]
-    pub(crate) use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
+    pub(crate) use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence};
+}
+
+/// A mutex: `std`'s, or loom's under `--cfg loom` (so that a model never
+/// blocks a thread loom does not know about).
+#[cfg(loom)]
+pub(crate) use loom::sync::Mutex;
+#[cfg(not(loom))]
+pub(crate) use std::sync::Mutex;
+
+/// An `UnsafeCell` whose accesses loom checks for races under `--cfg loom`
+/// (through `with`/`with_mut`), and plain `std` otherwise.
+pub(crate) mod cell {
+    #[cfg(loom)]
+    pub(crate) use loom::cell::UnsafeCell;
+
+    /// `std::cell::UnsafeCell` with loom's access API.
+    #[cfg(not(loom))]
+    #[derive(Debug, Default)]
+    pub(crate) struct UnsafeCell<T>(std::cell::UnsafeCell<T>);
+
+    #[cfg(not(loom))]
+    impl<T> UnsafeCell<T> {
+        pub(crate) fn new(v: T) -> Self {
+            UnsafeCell(std::cell::UnsafeCell::new(v))
+        }
+
+        /// Run `f` with a raw pointer for writing (the caller guarantees exclusivity).
+        #[inline]
+        pub(crate) fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
+            f(self.0.get())
+        }
+    }
 }
 
 /// One step of a wait loop: a CPU relax hint, and after `spins` steps a

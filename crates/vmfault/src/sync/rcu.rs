@@ -154,6 +154,11 @@ impl Rcu {
         }
     }
 
+    /// An identity for this `Rcu` (stable for its lifetime).
+    pub fn id(&self) -> usize {
+        self.counters.as_ptr() as usize
+    }
+
     /// Number of readers.
     pub fn readers(&self) -> usize {
         self.counters.len()
@@ -170,6 +175,16 @@ impl RcuReader {
     /// The index of this reader in its `Rcu`.
     pub fn index(&self) -> usize {
         self.index
+    }
+
+    /// Whether the owner is inside a read-side section now.
+    pub fn in_section(&self) -> bool {
+        self.nesting.get() > 0
+    }
+
+    /// Whether this reader belongs to `rcu`.
+    pub fn belongs_to(&self, rcu: &Rcu) -> bool {
+        self.owner == rcu.id()
     }
 }
 

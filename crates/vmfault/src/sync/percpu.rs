@@ -1,0 +1,370 @@
+//! Per-CPU caches that another CPU can drain without the owner's help
+//! (OpenBSD's per-CPU page caches, drained the way Linux's remote
+//! per-CPU-list drain RFC proposes).
+//!
+//! # The owner's side
+//! Each vCPU slot owns a *magazine*: a small stack of items (page frames,
+//! for the physical allocator). The owner reaches it through an index in
+//! `current`, inside an RCU read-side section of its own reader. The
+//! reader handle proves ownership: there is exactly one per slot and it is
+//! not `Sync`. A `busy` flag catches re-entry from the same thread. The
+//! owner's work is plain loads and stores on its own magazine: no lock, no
+//! shared atomic read-modify-write.
+//!
+//! # The drainer's side
+//! Any thread may drain every slot, without interrupting the owners:
+//!
+//! ```text
+//! drainer (under drain_lock)                 owner of slot i
+//!   swap current[i] <- spare[i]  (Release)     section { m = current[i] (Acquire)
+//!   spare[i] <- old                                     use magazine m }
+//!   synchronize()  -- every section that may have loaded `old` ends
+//!   empty `old` into the global list
+//! ```
+//!
+//! After the grace period no owner can still hold the old magazine; its
+//! next section loads the spare, which the drainer emptied before the
+//! swap published it. Magazines are never freed, only recycled as spares,
+//! so a stale index can never point at freed memory.
+//!
+//! `tests/loom_pcpu.rs` models an owner popping and pushing against a
+//! concurrent drain; skipping the grace period
+//! (`--cfg vmfault_mutation="pcp_no_grace"`) makes loom report the race on
+//! the magazine.
+
+use super::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use super::cell::UnsafeCell;
+use super::rcu::{Rcu, RcuReader};
+use super::{CachePadded, Mutex};
+
+/// A vCPU's stack of cached items, newest on top.
+#[derive(Debug)]
+pub struct Magazine<T> {
+    items: Vec<T>,
+    cap: usize,
+}
+
+impl<T> Magazine<T> {
+    fn new(cap: usize) -> Self {
+        // 128 bytes of slack after the items: two vCPUs' magazines, which the
+        // allocator may place back to back, never share a cache line.
+        let slack = 128usize.div_ceil(std::mem::size_of::<T>().max(1));
+        Magazine { items: Vec::with_capacity(cap + slack), cap }
+    }
+
+    /// Items held.
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    /// Whether it holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    /// How many items it can hold.
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+
+    /// Room left.
+    pub fn room(&self) -> usize {
+        self.cap - self.items.len()
+    }
+
+    /// Take the newest item.
+    #[inline]
+    pub fn pop(&mut self) -> Option<T> {
+        self.items.pop()
+    }
+
+    /// Add an item; gives it back when full.
+    #[inline]
+    pub fn push(&mut self, x: T) -> Result<(), T> {
+        if self.items.len() < self.cap {
+            self.items.push(x);
+            Ok(())
+        } else {
+            Err(x)
+        }
+    }
+
+    /// Add items so that the *first* one yielded ends on top (is popped
+    /// first): a refill from a LIFO list keeps the list's order, so the
+    /// most recently freed, cache-warm item still comes out first.
+    pub fn refill(&mut self, items: impl IntoIterator<Item = T>) {
+        let start = self.items.len();
+        self.extend(items);
+        self.reverse_from(start);
+    }
+
+    /// Reverse the items from position `start` (0 = the bottom) to the top.
+    pub fn reverse_from(&mut self, start: usize) {
+        let start = start.min(self.items.len());
+        self.items[start..].reverse();
+    }
+
+    /// Remove the `n` oldest items (the coldest), for returning them.
+    pub fn take_oldest(&mut self, n: usize) -> std::vec::Drain<'_, T> {
+        let n = n.min(self.items.len());
+        self.items.drain(..n)
+    }
+}
+
+impl<T> Extend<T> for Magazine<T> {
+    /// Add items while there is room (extra items are dropped: callers
+    /// never offer more than `room()`; debug builds check).
+    fn extend<I: IntoIterator<Item = T>>(&mut self, iter: I) {
+        for x in iter {
+            let full = self.push(x).is_err();
+            debug_assert!(!full, "magazine overfilled");
+        }
+    }
+}
+
+/// One magazine, on cache lines of its own (its owner writes `len` and
+/// the magazine's header on every operation).
+#[repr(align(128))]
+struct MagSlot<T> {
+    /// The magazine: owned by the slot's owner while it is `current`, by
+    /// the drainer once swapped out and a grace period has passed.
+    cell: UnsafeCell<Magazine<T>>,
+    /// `[a]` its length, mirrored for statistics (written by whoever owns it).
+    len: AtomicU32,
+}
+
+struct CpuSlot {
+    /// `[a]` the owner's magazine (an index into `mags`); swapped by drainers
+    /// (Release), loaded by the owner inside a section (Acquire).
+    current: AtomicUsize,
+    /// Drain lock: the empty magazine the next drain swaps in.
+    spare: AtomicUsize,
+    /// `[o]` the owner is inside `local` (catches re-entry).
+    busy: AtomicBool,
+}
+
+/// One magazine (plus a spare) per vCPU slot. See the module docs.
+pub struct PerCpuCache<T> {
+    /// `[I]` identity of the `Rcu` whose readers own the slots.
+    rcu_id: usize,
+    /// `[I]` per-slot state (fields carry their own tags).
+    cpus: Box<[CachePadded<CpuSlot>]>,
+    /// `[I]` every magazine, two per slot; never freed.
+    mags: Box<[MagSlot<T>]>,
+    /// Serializes drainers.
+    drain_lock: Mutex<()>,
+    /// `[a]` drains that swapped at least one magazine (written under drain_lock).
+    drains: AtomicU64,
+    /// `[a]` items drained so far (written under drain_lock).
+    drained: AtomicU64,
+}
+
+// SAFETY: the magazines are reached only under the ownership protocol of
+// the module docs (one owner per current magazine, proven by its unique
+// `RcuReader`; drainers only after a grace period, serialized by
+// `drain_lock`); items move between threads, so `T: Send` suffices.
+unsafe impl<T: Send> Sync for PerCpuCache<T> {}
+// SAFETY: as above.
+unsafe impl<T: Send> Send for PerCpuCache<T> {}
+
+impl<T> std::fmt::Debug for PerCpuCache<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PerCpuCache").field("slots", &self.cpus.len()).field("cached", &self.cached()).finish()
+    }
+}
+
+impl<T> PerCpuCache<T> {
+    /// One magazine of `capacity` items for each reader of `rcu`.
+    pub fn new(rcu: &Rcu, capacity: usize) -> Self {
+        let n = rcu.readers();
+        let cpus = (0..n)
+            .map(|i| {
+                CachePadded(CpuSlot {
+                    current: AtomicUsize::new(2 * i),
+                    spare: AtomicUsize::new(2 * i + 1),
+                    busy: AtomicBool::new(false),
+                })
+            })
+            .collect();
+        let mags = (0..2 * n)
+            .map(|_| MagSlot { cell: UnsafeCell::new(Magazine::new(capacity)), len: AtomicU32::new(0) })
+            .collect();
+        PerCpuCache {
+            rcu_id: rcu.id(),
+            cpus,
+            mags,
+            drain_lock: Mutex::new(()),
+            drains: AtomicU64::new(0),
+            drained: AtomicU64::new(0),
+        }
+    }
+
+    /// Run `f` on the magazine of `reader`'s slot, inside a read-side
+    /// section. Panics if `reader` is not one of this cache's `Rcu`, or on
+    /// re-entry from `f`.
+    #[inline]
+    pub fn local<R>(&self, rcu: &Rcu, reader: &RcuReader, f: impl FnOnce(&mut Magazine<T>) -> R) -> R {
+        assert!(rcu.id() == self.rcu_id && reader.belongs_to(rcu), "reader of another Rcu");
+        let slot = &self.cpus[reader.index()];
+        let _section = rcu.read_lock(reader);
+        assert!(!slot.busy.load(Ordering::Relaxed), "PerCpuCache::local re-entered");
+        slot.busy.store(true, Ordering::Relaxed);
+        // Acquire pairs with the Release swap in `drain_all`: the spare it
+        // installed was emptied before.
+        let m = &self.mags[slot.current.load(Ordering::Acquire)];
+        let r = m.cell.with_mut(|p| {
+            // SAFETY: this magazine is `current` of our slot, and we hold the
+            // slot's unique reader inside a section, so no drainer touches it
+            // until the section ends (grace period); `busy` rules out a
+            // second borrow on this thread.
+            let mag = unsafe { &mut *p };
+            let r = f(mag);
+            m.len.store(mag.len() as u32, Ordering::Relaxed);
+            r
+        });
+        slot.busy.store(false, Ordering::Relaxed);
+        r
+    }
+
+    /// Empty every slot's magazine into `sink`, without the owners' help:
+    /// swap in the empty spares, wait for a grace period, drain the old
+    /// magazines. Returns the number of items drained.
+    ///
+    /// Must not be called inside a read-side section of the calling thread.
+    pub fn drain_all(&self, rcu: &Rcu, mut sink: impl FnMut(T)) -> usize {
+        assert!(rcu.id() == self.rcu_id, "drain with another Rcu");
+        let _g = self.drain_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let mut old = Vec::new();
+        for slot in self.cpus.iter() {
+            let cur = slot.current.load(Ordering::Relaxed);
+            if self.mags[cur].len.load(Ordering::Relaxed) == 0 {
+                continue;
+            }
+            let spare = slot.spare.load(Ordering::Relaxed);
+            // Release: the spare's emptiness (our earlier drain) is visible
+            // to the owner's Acquire load of `current`.
+            let prev = slot.current.swap(spare, Ordering::AcqRel);
+            slot.spare.store(prev, Ordering::Relaxed);
+            old.push(prev);
+        }
+        if old.is_empty() {
+            return 0;
+        }
+        if !cfg!(vmfault_mutation = "pcp_no_grace") {
+            rcu.synchronize();
+        }
+        let mut n = 0;
+        for i in old {
+            let m = &self.mags[i];
+            m.cell.with_mut(|p| {
+                // SAFETY: swapped out of `current`, and a grace period has
+                // ended every section that could have loaded it; drainers are
+                // serialized by `drain_lock`.
+                let mag = unsafe { &mut *p };
+                n += mag.len();
+                mag.items.drain(..).for_each(&mut sink);
+            });
+            m.len.store(0, Ordering::Relaxed);
+        }
+        self.drains.store(self.drains.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        self.drained.store(self.drained.load(Ordering::Relaxed) + n as u64, Ordering::Relaxed);
+        n
+    }
+
+    /// Items cached in all magazines (a snapshot; exact when owners are idle).
+    pub fn cached(&self) -> usize {
+        self.mags.iter().map(|m| m.len.load(Ordering::Relaxed) as usize).sum()
+    }
+
+    /// Drains that found something to drain, and items drained, so far.
+    pub fn drain_stats(&self) -> (u64, u64) {
+        (self.drains.load(Ordering::Relaxed), self.drained.load(Ordering::Relaxed))
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn owner_pushes_and_pops_drainer_empties() {
+        let (rcu, readers) = Rcu::new(2);
+        let c = PerCpuCache::<u32>::new(&rcu, 4);
+        c.local(&rcu, &readers[0], |m| {
+            m.push(1).unwrap();
+            m.push(2).unwrap();
+            assert_eq!(m.room(), 2);
+        });
+        c.local(&rcu, &readers[1], |m| m.extend([7, 8, 9, 10]));
+        assert_eq!(c.local(&rcu, &readers[0], |m| m.pop()), Some(2), "newest on top");
+        c.local(&rcu, &readers[0], |m| m.refill([3, 4]));
+        assert_eq!(c.local(&rcu, &readers[0], |m| (m.pop(), m.pop())), (Some(3), Some(4)), "refill keeps order");
+        c.local(&rcu, &readers[0], |m| m.push(2).unwrap());
+        assert_eq!(c.local(&rcu, &readers[1], |m| m.push(11)), Err(11));
+        assert_eq!(c.cached(), 6);
+        let oldest: Vec<u32> = c.local(&rcu, &readers[1], |m| m.take_oldest(2).collect());
+        assert_eq!(oldest, [7, 8]);
+        let mut got = Vec::new();
+        assert_eq!(c.drain_all(&rcu, |x| got.push(x)), 4);
+        got.sort();
+        assert_eq!(got, [1, 2, 9, 10]);
+        assert_eq!(c.cached(), 0);
+        assert_eq!(c.drain_stats(), (1, 4));
+        // The spare is in place and works.
+        assert_eq!(c.local(&rcu, &readers[0], |m| (m.pop(), m.capacity())), (None, 4));
+        assert_eq!(c.drain_all(&rcu, |_| {}), 0);
+    }
+
+    #[test]
+    #[should_panic(expected = "re-entered")]
+    fn reentry_panics() {
+        let (rcu, readers) = Rcu::new(1);
+        let c = PerCpuCache::<u32>::new(&rcu, 4);
+        c.local(&rcu, &readers[0], |_| c.local(&rcu, &readers[0], |_| ()));
+    }
+
+    #[test]
+    #[should_panic(expected = "another Rcu")]
+    fn foreign_readers_are_refused() {
+        let (rcu, _) = Rcu::new(1);
+        let (other, readers) = Rcu::new(1);
+        let c = PerCpuCache::<u32>::new(&rcu, 4);
+        c.local(&other, &readers[0], |_| ());
+    }
+
+    #[test]
+    fn drains_a_parked_owner_and_nothing_is_lost() {
+        let (rcu, mut readers) = Rcu::new(2);
+        let rcu = Arc::new(rcu);
+        let c = Arc::new(PerCpuCache::<u32>::new(&rcu, 8));
+        let r = readers.pop().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let (ready_tx, ready) = std::sync::mpsc::channel::<()>();
+        let owner = {
+            let (rcu, c) = (rcu.clone(), c.clone());
+            std::thread::spawn(move || {
+                for next in 0..2000u32 {
+                    c.local(&rcu, &r, |m| {
+                        if m.push(next).is_err() {
+                            m.take_oldest(4).for_each(drop);
+                        }
+                    });
+                }
+                c.local(&rcu, &r, |m| {
+                    m.take_oldest(2).for_each(drop);
+                    m.extend([100_000, 100_001]);
+                });
+                ready_tx.send(()).unwrap();
+                rx.recv().unwrap(); // parked: never runs while the drainer works
+            })
+        };
+        ready.recv().unwrap();
+        let mut drained = Vec::new();
+        c.drain_all(&rcu, |x| drained.push(x));
+        assert!(drained.contains(&100_000) && drained.contains(&100_001));
+        assert_eq!(c.cached(), 0);
+        tx.send(()).unwrap();
+        owner.join().unwrap();
+    }
+}
