@@ -1,11 +1,13 @@
-//! The global frame allocator: one LIFO list of free frames behind one lock
-//! (`[F]`, the innermost lock of the lock order).
+//! The global frame allocator: one LIFO stack of free frame numbers behind
+//! one lock (`[F]`, the innermost lock of the lock order).
 //!
 //! All our allocations are single frames (data pages, page-table pages,
 //! index nodes), so a buddy allocator would only add splitting and
-//! coalescing work; a LIFO list also hands back the most recently freed,
-//! cache-warm frame first. Batches move many frames per acquisition, which
-//! is what the per-CPU caches of the next layer build on.
+//! coalescing work. A LIFO stack hands back the most recently freed,
+//! cache-warm frame first. It is an array, not a list threaded through the
+//! page descriptors: taking a batch of 15 frames for a per-CPU cache then
+//! copies 15 adjacent numbers instead of chasing 15 descriptors, one cache
+//! miss after the other (that chase cost page_fault1 8-13%).
 //!
 //! The number of acquisitions is counted *under* the lock it counts: that
 //! adds no shared cache line that the lock itself does not already bounce.
@@ -15,92 +17,82 @@ use std::sync::Mutex;
 use super::page::{Kind, Page};
 use crate::sync::atomic::{AtomicU64, Ordering};
 
-/// End of the list.
-const NIL: u32 = u32::MAX;
-
-#[derive(Debug)]
-struct Inner {
-    /// `[F]` first free frame, or `NIL`.
-    head: u32,
-}
-
-/// The global free list.
+/// The global free stack.
 #[derive(Debug)]
 pub(crate) struct FreeList {
-    inner: Mutex<Inner>,
+    /// `[F]` free frame numbers, the most recently freed last.
+    stack: Mutex<Vec<u32>>,
     /// `[F]` number of free frames (written under the lock, read lockless).
     count: AtomicU64,
     /// `[F]` lock acquisitions so far (written under the lock, read lockless).
     acquisitions: AtomicU64,
 }
 
+/// Debug builds track the FREE/OWNED kind of every frame; release builds
+/// leave the descriptors of free frames alone (nothing reads that kind but
+/// the assertions).
+#[inline]
+fn mark(pages: &[Page], pfn: u32, from: Kind, to: Kind) {
+    if cfg!(debug_assertions) {
+        pages[pfn as usize].set_kind(from, to);
+    }
+}
+
 impl FreeList {
-    /// A list holding frames `first..frames` (in ascending order from the head).
+    /// A stack holding frames `first..frames`, the lowest on top.
     pub(crate) fn new(pages: &[Page], first: u32) -> FreeList {
         let frames = pages.len() as u32;
-        for pfn in first..frames {
-            let next = if pfn + 1 < frames { pfn + 1 } else { NIL };
-            pages[pfn as usize].next.store(next, Ordering::Relaxed);
-        }
-        let head = if first < frames { first } else { NIL };
+        let stack: Vec<u32> = (first..frames).rev().collect();
         FreeList {
-            inner: Mutex::new(Inner { head }),
-            count: AtomicU64::new(u64::from(frames - first)),
+            count: AtomicU64::new(stack.len() as u64),
+            stack: Mutex::new(stack),
             acquisitions: AtomicU64::new(0),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<u32>> {
+        let g = self.stack.lock().unwrap_or_else(|p| p.into_inner());
         let n = self.acquisitions.load(Ordering::Relaxed);
         self.acquisitions.store(n + 1, Ordering::Relaxed);
         g
     }
 
-    /// Take up to `want` frames in one acquisition, appending them to `out`
-    /// (each now `OWNED`). Returns how many were taken.
+    /// Take up to `want` frames in one acquisition (each now `OWNED`),
+    /// appending them to `out` in stack order: the warmest last, so that a
+    /// stack extended with them keeps the warmest on top. Returns how many.
     pub(crate) fn take(&self, pages: &[Page], want: usize, out: &mut impl Extend<u32>) -> usize {
         let mut g = self.lock();
-        let mut taken = 0;
-        while taken < want && g.head != NIL {
-            let pfn = g.head;
-            let page = &pages[pfn as usize];
-            page.set_kind(Kind::Free, Kind::Owned);
-            g.head = page.next.load(Ordering::Relaxed);
-            out.extend(std::iter::once(pfn));
-            taken += 1;
+        let n = want.min(g.len());
+        let start = g.len() - n;
+        for &pfn in &g[start..] {
+            mark(pages, pfn, Kind::Free, Kind::Owned);
         }
+        out.extend(g.drain(start..));
         let c = self.count.load(Ordering::Relaxed);
-        self.count.store(c - taken as u64, Ordering::Relaxed);
-        taken
+        self.count.store(c - n as u64, Ordering::Relaxed);
+        n
     }
 
     /// Take one frame (one acquisition).
     pub(crate) fn take_one(&self, pages: &[Page]) -> Option<u32> {
-        let mut slot = None;
-        struct One<'a>(&'a mut Option<u32>);
-        impl Extend<u32> for One<'_> {
-            fn extend<I: IntoIterator<Item = u32>>(&mut self, it: I) {
-                for v in it {
-                    *self.0 = Some(v);
-                }
-            }
-        }
-        self.take(pages, 1, &mut One(&mut slot));
-        slot
+        let mut g = self.lock();
+        let pfn = g.pop()?;
+        mark(pages, pfn, Kind::Free, Kind::Owned);
+        let c = self.count.load(Ordering::Relaxed);
+        self.count.store(c - 1, Ordering::Relaxed);
+        Some(pfn)
     }
 
-    /// Return frames (each `OWNED`, i.e. unreachable by anyone else) in one acquisition.
+    /// Return frames (each `OWNED`, i.e. unreachable by anyone else) in one
+    /// acquisition; the last one given is the next one taken.
     pub(crate) fn give(&self, pages: &[Page], frames: impl IntoIterator<Item = u32>) {
         let mut g = self.lock();
-        let mut n = 0u64;
+        let before = g.len();
         for pfn in frames {
-            let page = &pages[pfn as usize];
-            page.set_kind(Kind::Owned, Kind::Free);
-            page.next.store(g.head, Ordering::Relaxed);
-            g.head = pfn;
-            n += 1;
+            mark(pages, pfn, Kind::Owned, Kind::Free);
+            g.push(pfn);
         }
+        let n = (g.len() - before) as u64;
         let c = self.count.load(Ordering::Relaxed);
         self.count.store(c + n, Ordering::Relaxed);
     }
@@ -128,14 +120,16 @@ mod tests {
         let mut got = Vec::new();
         assert_eq!(fl.take(&pages, 150, &mut got), 150);
         assert_eq!(got.len(), 150);
-        assert_eq!(got[0], 1);
+        assert_eq!(got[149], 1, "the top of the stack comes last");
         let mut more = Vec::new();
         assert_eq!(fl.take(&pages, 100, &mut more), 49);
         assert_eq!(fl.free_frames(), 0);
         assert_eq!(fl.take(&pages, 1, &mut more), 0);
         fl.give(&pages, got.iter().copied());
         assert_eq!(fl.free_frames(), 150);
-        assert_eq!(fl.acquisitions(), 4);
+        assert_eq!(fl.take_one(&pages), Some(1), "the last frame given is the first taken");
+        fl.give(&pages, [1]);
+        assert_eq!(fl.acquisitions(), 6);
         let mut all: Vec<u32> = Vec::new();
         fl.take(&pages, 1000, &mut all);
         all.extend(more);

@@ -8,7 +8,7 @@
 //!
 //! | kind     | meaning                                        | reached through            |
 //! |----------|------------------------------------------------|----------------------------|
-//! | `FREE`   | on the global free list                        | the free list (`[F]`)      |
+//! | `FREE`   | on the global free list (tracked in debug builds only) | the free list (`[F]`) |
 //! | `OWNED`  | allocated, not yet published anywhere          | its `OwnedFrame` only      |
 //! | `DATA`   | a page of a VM object                          | object index, PTEs         |
 //! | `TABLE`  | a page-table page (512 PTEs)                   | the page table above it    |
@@ -57,8 +57,6 @@ pub(crate) struct Page {
     kind: AtomicU32,
     /// `[P]` the PTE lock word, used while `kind == TABLE`.
     pub(crate) ptl: AtomicU32,
-    /// `[F]` next frame on the free list (`u32::MAX` ends it), valid while `FREE`.
-    pub(crate) next: AtomicU32,
     /// `[O]` id of the object that owns this `DATA` page (0: none).
     pub(crate) object: AtomicU64,
     /// `[O]` index of this page in its object.
@@ -73,7 +71,6 @@ impl Page {
         Page {
             kind: AtomicU32::new(Kind::Free as u32),
             ptl: AtomicU32::new(0),
-            next: AtomicU32::new(u32::MAX),
             object: AtomicU64::new(0),
             pindex: AtomicU64::new(0),
         }

@@ -77,12 +77,11 @@ impl<'a> Frames<'a> {
                 return Some(p);
             }
             cpu.counters.inc(Counter::pcp_miss);
-            // The list's head (the most recently freed, warmest frame) must
-            // come out first, as it would without the cache: handing the
-            // batch out reversed made page_fault1 13% slower.
-            let start = m.len();
+            // The stack's top (the most recently freed, warmest frame) must
+            // come out first, as it would without the cache (handing the
+            // batch out reversed cost page_fault1 13%): `take` yields the
+            // warmest last, so it lands on top of the magazine.
             phys.free.take(&phys.pages, phys.pcp_config.fill.min(m.capacity()), m);
-            m.reverse_from(start);
             m.pop()
         })
     }

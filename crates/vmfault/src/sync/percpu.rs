@@ -89,21 +89,6 @@ impl<T> Magazine<T> {
         }
     }
 
-    /// Add items so that the *first* one yielded ends on top (is popped
-    /// first): a refill from a LIFO list keeps the list's order, so the
-    /// most recently freed, cache-warm item still comes out first.
-    pub fn refill(&mut self, items: impl IntoIterator<Item = T>) {
-        let start = self.items.len();
-        self.extend(items);
-        self.reverse_from(start);
-    }
-
-    /// Reverse the items from position `start` (0 = the bottom) to the top.
-    pub fn reverse_from(&mut self, start: usize) {
-        let start = start.min(self.items.len());
-        self.items[start..].reverse();
-    }
-
     /// Remove the `n` oldest items (the coldest), for returning them.
     pub fn take_oldest(&mut self, n: usize) -> std::vec::Drain<'_, T> {
         let n = n.min(self.items.len());
@@ -298,8 +283,6 @@ mod tests {
         });
         c.local(&rcu, &readers[1], |m| m.extend([7, 8, 9, 10]));
         assert_eq!(c.local(&rcu, &readers[0], |m| m.pop()), Some(2), "newest on top");
-        c.local(&rcu, &readers[0], |m| m.refill([3, 4]));
-        assert_eq!(c.local(&rcu, &readers[0], |m| (m.pop(), m.pop())), (Some(3), Some(4)), "refill keeps order");
         c.local(&rcu, &readers[0], |m| m.push(2).unwrap());
         assert_eq!(c.local(&rcu, &readers[1], |m| m.push(11)), Err(11));
         assert_eq!(c.cached(), 6);
