@@ -8,6 +8,47 @@
 
 use crate::error::{Error, Result};
 
+/// How page faults find and pin their VMA.
+///
+/// - `MapLock`: the classic path, the address space's map lock held for
+///   reading over the whole fault (Linux before 6.4).
+/// - `Speculative`: no lock: the VMA is found under RCU and validated by its
+///   sequence count, the page is prepared speculatively and installed under
+///   the PTE lock after a final check; any change aborts to the classic path
+///   (the speculative page fault series, SPF v11).
+/// - `VmaLock`: the VMA is found under RCU and read-locked for the whole
+///   fault; writers lock the VMAs they change (per-VMA locks, Linux 6.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum FaultPath {
+    /// The map lock, held for reading over the whole fault.
+    MapLock,
+    /// Speculative, validated by the VMA's sequence count.
+    Speculative,
+    /// A per-VMA read lock.
+    VmaLock,
+}
+
+impl FaultPath {
+    /// The knob value: `maplock`, `spf` or `vmalock`.
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultPath::MapLock => "maplock",
+            FaultPath::Speculative => "spf",
+            FaultPath::VmaLock => "vmalock",
+        }
+    }
+
+    /// Parse a knob value (also accepts `map_lock`, `speculative`, `vma_lock`).
+    fn parse(v: &str) -> std::result::Result<FaultPath, &'static str> {
+        match v.trim() {
+            "maplock" | "map_lock" => Ok(FaultPath::MapLock),
+            "spf" | "speculative" => Ok(FaultPath::Speculative),
+            "vmalock" | "vma_lock" => Ok(FaultPath::VmaLock),
+            _ => Err("expected maplock, spf or vmalock"),
+        }
+    }
+}
+
 /// The configuration of a [`Vm`](crate::Vm).
 ///
 /// ```
@@ -45,6 +86,8 @@ pub struct VmConfig {
     /// Drain every vCPU's cache remotely this many times a second from a
     /// background thread (0: only on demand). For measuring drains.
     pub pcpu_drain_hz: u32,
+    /// How page faults pin their VMA (see [`FaultPath`]).
+    pub fault_path: FaultPath,
 }
 
 impl Default for VmConfig {
@@ -58,6 +101,7 @@ impl Default for VmConfig {
             pcpu_fill: 0,
             pcpu_drain: 0,
             pcpu_drain_hz: 0,
+            fault_path: FaultPath::Speculative,
         }
     }
 }
@@ -71,21 +115,27 @@ impl VmConfig {
     /// Set a knob by name from its textual value. Sizes accept `K`, `M`, `G`
     /// suffixes (powers of two); booleans accept `true/false/on/off/1/0`.
     pub fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        self.set_inner(key, value).map_err(|reason| Error::Knob {
+            key: key.to_string(),
+            value: value.to_string(),
+            reason,
+        })
+    }
+
+    fn set_inner(&mut self, key: &str, value: &str) -> std::result::Result<(), &'static str> {
         match key {
             "phys_bytes" => self.phys_bytes = parse_size(value)?,
-            "cpus" => self.cpus = parse_num(value)? as usize,
+            "cpus" => self.cpus = parse_usize(value)?,
             "prefault" => self.prefault = parse_bool(value)?,
             "zero_page" => self.zero_page = parse_bool(value)?,
-            "pcpu_pages" => self.pcpu_pages = parse_num(value)? as usize,
-            "pcpu_fill" => self.pcpu_fill = parse_num(value)? as usize,
-            "pcpu_drain" => self.pcpu_drain = parse_num(value)? as usize,
+            "pcpu_pages" => self.pcpu_pages = parse_usize(value)?,
+            "pcpu_fill" => self.pcpu_fill = parse_usize(value)?,
+            "pcpu_drain" => self.pcpu_drain = parse_usize(value)?,
+            "fault_path" => self.fault_path = FaultPath::parse(value)?,
             "pcpu_drain_hz" => {
-                self.pcpu_drain_hz = u32::try_from(parse_num(value)?)
-                    .map_err(|_| Error::Config { reason: "pcpu_drain_hz too large", value: 0 })?
+                self.pcpu_drain_hz = u32::try_from(parse_num(value)?).map_err(|_| "too large for a u32")?
             }
-            _ => {
-                return Err(Error::Config { reason: "unknown knob (see VmConfig::knobs)", value: 0 });
-            }
+            _ => return Err("unknown knob (VmConfig::knobs lists them)"),
         }
         Ok(())
     }
@@ -101,6 +151,7 @@ impl VmConfig {
             ("pcpu_fill", self.pcpu_fill.to_string()),
             ("pcpu_drain", self.pcpu_drain.to_string()),
             ("pcpu_drain_hz", self.pcpu_drain_hz.to_string()),
+            ("fault_path", self.fault_path.name().to_string()),
         ]
     }
 
@@ -152,11 +203,15 @@ impl VmConfig {
     }
 }
 
-fn parse_num(v: &str) -> Result<u64> {
-    v.trim().parse::<u64>().map_err(|_| Error::Config { reason: "expected a number", value: 0 })
+fn parse_num(v: &str) -> std::result::Result<u64, &'static str> {
+    v.trim().parse::<u64>().map_err(|_| "expected a non-negative integer")
 }
 
-fn parse_size(v: &str) -> Result<u64> {
+fn parse_usize(v: &str) -> std::result::Result<usize, &'static str> {
+    usize::try_from(parse_num(v)?).map_err(|_| "too large")
+}
+
+fn parse_size(v: &str) -> std::result::Result<u64, &'static str> {
     let v = v.trim();
     let (digits, shift) = match v.chars().last() {
         Some('k' | 'K') => (&v[..v.len() - 1], 10),
@@ -164,15 +219,14 @@ fn parse_size(v: &str) -> Result<u64> {
         Some('g' | 'G') => (&v[..v.len() - 1], 30),
         _ => (v, 0),
     };
-    let n = parse_num(digits)?;
-    n.checked_mul(1 << shift).ok_or(Error::Config { reason: "size overflows u64", value: n })
+    parse_num(digits)?.checked_mul(1 << shift).ok_or("size overflows 64 bits")
 }
 
-fn parse_bool(v: &str) -> Result<bool> {
+fn parse_bool(v: &str) -> std::result::Result<bool, &'static str> {
     match v.trim() {
         "true" | "on" | "1" | "yes" => Ok(true),
         "false" | "off" | "0" | "no" => Ok(false),
-        _ => Err(Error::Config { reason: "expected true or false", value: 0 }),
+        _ => Err("expected true or false"),
     }
 }
 
@@ -183,6 +237,12 @@ mod tests {
     #[test]
     fn set_and_list() {
         let mut c = VmConfig::default();
+        c.set("fault_path", "vmalock").unwrap();
+        assert_eq!(c.fault_path, FaultPath::VmaLock);
+        let e = c.set("fault_path", "fast").unwrap_err();
+        assert_eq!(e.errno(), libc::EINVAL);
+        assert_eq!(e.to_string(), "VmConfig::set(fault_path=\"fast\"): expected maplock, spf or vmalock");
+        c.set("fault_path", "spf").unwrap();
         c.set("phys_bytes", "64M").unwrap();
         c.set("cpus", "8").unwrap();
         assert_eq!(c.phys_bytes, 64 << 20);

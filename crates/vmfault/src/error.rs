@@ -195,6 +195,17 @@ pub enum Error {
         /// The offending value.
         value: u64,
     },
+    /// A knob given by name that does not exist or does not parse
+    /// ([`VmConfig::set`](crate::VmConfig::set); `EINVAL`).
+    #[error("VmConfig::set({key}={value:?}): {reason}")]
+    Knob {
+        /// The knob's name.
+        key: String,
+        /// The value given.
+        value: String,
+        /// What was wrong.
+        reason: &'static str,
+    },
     /// The host refused a system call vmfault needs (its errno is kept).
     #[error("host {call} failed: {}", std::io::Error::from_raw_os_error(*errno))]
     Host {
@@ -209,7 +220,7 @@ impl Error {
     /// The Linux errno for this error.
     pub fn errno(&self) -> i32 {
         match self {
-            Error::InvalidArgument { .. } | Error::Config { .. } => libc::EINVAL,
+            Error::InvalidArgument { .. } | Error::Config { .. } | Error::Knob { .. } => libc::EINVAL,
             Error::NoMemory { .. }
             | Error::NotMapped { .. }
             | Error::NoAddressSpace { .. }

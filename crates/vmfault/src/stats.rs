@@ -113,6 +113,15 @@ stats! {
     }
     counters {
         faults: "page faults handled (every outcome)",
+        spf: "faults completed speculatively, without the map lock",
+        spf_vma_changed: "speculative faults aborted: the VMA changed or went away",
+        spf_vma_noanon: "speculative faults aborted: the VMA had no object yet",
+        spf_vma_notsup: "speculative faults aborted: a case the speculative path does not handle",
+        spf_vma_access: "speculative faults aborted: the VMA does not allow the access",
+        spf_pmd_changed: "speculative faults aborted: page-table levels missing",
+        spf_nomem: "speculative faults aborted: no frame without draining other vCPUs' caches",
+        vma_lock: "faults completed under a per-VMA read lock",
+        vma_lock_fallbacks: "per-VMA-lock faults that fell back to the map lock",
         pcp_hit: "frame allocations served by the vCPU's own cache",
         pcp_miss: "frame allocations that refilled the vCPU's cache from the global list",
         zero_fill: "faults that allocated and zeroed a new page",

@@ -1,7 +1,10 @@
 //! The public API as the issue specifies it, vCPU handling, SIGSEGV codes,
 //! running out of frames, and statistics.
 
-use vmfault::{Access, AddressSpace, Advice, Error, MapFlags, Prot, SegvCode, Vm, VmConfig};
+mod common;
+
+use common::{FAULT_PATHS, test_vm};
+use vmfault::{Access, AddressSpace, Advice, Error, FaultPath, MapFlags, Prot, SegvCode, Vm, VmConfig};
 
 const P: u64 = 4096;
 const RW: Prot = Prot::READ.union(Prot::WRITE);
@@ -90,7 +93,13 @@ fn bad_arguments_are_errors_not_panics() {
 
 #[test]
 fn segv_codes_and_first_bad_address() {
-    let vm = small(4 << 20, 1);
+    for path in FAULT_PATHS {
+        segv_codes(path);
+    }
+}
+
+fn segv_codes(path: FaultPath) {
+    let vm = test_vm(4 << 20, 1, path);
     let space = vm.new_space().unwrap();
     let a = space.mmap(0, 3 * P, RW, PA).unwrap();
     space.munmap(a + 2 * P, P).unwrap();
@@ -153,7 +162,13 @@ fn vcpu_slots_attach_run_out_and_unattached_threads_share_one() {
 
 #[test]
 fn out_of_frames_is_enomem_and_leaks_nothing() {
-    let vm = small(64 * P, 1);
+    for path in FAULT_PATHS {
+        out_of_frames(path);
+    }
+}
+
+fn out_of_frames(path: FaultPath) {
+    let vm = test_vm(64 * P, 1, path);
     let space = vm.new_space().unwrap();
     let initial = vm.stats().free_pages;
     let a = space.mmap(0, 256 * P, RW, PA).unwrap();

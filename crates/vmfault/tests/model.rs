@@ -9,9 +9,10 @@ mod common;
 
 use common::model::Model;
 use common::ops::*;
+use common::{FAULT_PATHS, test_vm};
 use proptest::prelude::*;
 use proptest_state_machine::{ReferenceStateMachine, StateMachineTest, prop_state_machine};
-use vmfault::{AddressSpace, Vm, VmConfig};
+use vmfault::{AddressSpace, Vm};
 
 struct Reference;
 
@@ -55,10 +56,9 @@ impl ReferenceStateMachine for Reference {
     }
 }
 
+/// One machine per fault path, all fed the same operations.
 struct Sut {
-    vm: Vm,
-    space: AddressSpace,
-    initial_free: u64,
+    machines: Vec<(Vm, AddressSpace, u64)>,
     steps: u64,
 }
 
@@ -67,16 +67,24 @@ impl StateMachineTest for Sut {
     type Reference = Reference;
 
     fn init_test(_: &Model) -> Sut {
-        let vm = Vm::new(VmConfig { phys_bytes: 4 << 20, cpus: 1, prefault: false, ..VmConfig::default() }).unwrap();
-        let space = vm.new_space().unwrap();
-        let initial_free = vm.stats().free_pages;
-        vmfault_guards(&space, VM_BASE);
-        Sut { vm, space, initial_free, steps: 0 }
+        let machines = FAULT_PATHS
+            .iter()
+            .map(|&path| {
+                let vm = test_vm(4 << 20, 1, path);
+                let space = vm.new_space().unwrap();
+                let initial_free = vm.stats().free_pages;
+                vmfault_guards(&space, VM_BASE);
+                (vm, space, initial_free)
+            })
+            .collect();
+        Sut { machines, steps: 0 }
     }
 
     fn apply(mut sut: Sut, model: &Model, op: TOp) -> Sut {
-        let got = run_vmfault(&sut.space, VM_BASE, &op);
-        assert_eq!(Some(&got), model.last.as_ref(), "{op:?}");
+        for (vm, space, _) in &sut.machines {
+            let got = run_vmfault(space, VM_BASE, &op);
+            assert_eq!(Some(&got), model.last.as_ref(), "fault_path={}: {op:?}", vm.config().fault_path.name());
+        }
         sut.steps += 1;
         sut
     }
@@ -85,18 +93,28 @@ impl StateMachineTest for Sut {
         if !sut.steps.is_multiple_of(8) {
             return;
         }
-        for (page, bytes) in model.readable_pages() {
-            let mut buf = vec![0u8; P as usize];
-            sut.space.read(VM_BASE + page * P, &mut buf).unwrap();
-            assert!(buf == bytes, "contents of window page {page} differ from the model");
+        for (vm, space, _) in &sut.machines {
+            for (page, bytes) in model.readable_pages() {
+                let mut buf = vec![0u8; P as usize];
+                space.read(VM_BASE + page * P, &mut buf).unwrap();
+                let path = vm.config().fault_path.name();
+                assert!(buf == bytes, "fault_path={path}: contents of window page {page} differ from the model");
+            }
         }
     }
 
     fn teardown(sut: Sut, _: Model) {
-        for m in sut.space.mappings() {
-            sut.space.munmap(m.start, m.end - m.start).unwrap();
+        for (vm, space, initial_free) in &sut.machines {
+            for m in space.mappings() {
+                space.munmap(m.start, m.end - m.start).unwrap();
+            }
+            assert_eq!(
+                vm.stats().free_pages,
+                *initial_free,
+                "fault_path={}: frames leaked",
+                vm.config().fault_path.name()
+            );
         }
-        assert_eq!(sut.vm.stats().free_pages, sut.initial_free, "frames leaked");
     }
 }
 

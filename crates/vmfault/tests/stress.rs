@@ -15,12 +15,13 @@ use std::sync::{Arc, Barrier};
 
 use common::model::Model;
 use common::ops::*;
+use common::{FAULT_PATHS, test_vm};
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
-use vmfault::{Access, Advice, MapFlags, Prot, Vm, VmConfig};
+use vmfault::{Access, Advice, FaultPath, MapFlags, Prot};
 
 const THREADS: usize = 4;
-const SEQUENCES: usize = 50;
+const SEQUENCES: usize = 30;
 /// Shared region: each thread owns `OWN` pages of it and pokes at all of it.
 const OWN: u64 = 8;
 const SHARED_BASE: u64 = 0x6000_0000_0000;
@@ -31,7 +32,13 @@ fn window_base(t: usize) -> u64 {
 
 #[test]
 fn vcpus_in_one_space_stay_exact_and_leak_nothing() {
-    let vm = Vm::new(VmConfig { phys_bytes: 64 << 20, cpus: THREADS, prefault: false, ..VmConfig::default() }).unwrap();
+    for path in FAULT_PATHS {
+        stress(path);
+    }
+}
+
+fn stress(path: FaultPath) {
+    let vm = test_vm(64 << 20, THREADS, path);
     let space = vm.new_space().unwrap();
     let initial_free = vm.stats().free_pages;
     let shared_len = OWN * P * THREADS as u64;
@@ -88,8 +95,13 @@ fn vcpus_in_one_space_stay_exact_and_leak_nothing() {
     }
     let s = vm.stats();
     assert!(s.faults > 0 && s.zero_fill > 0);
+    match path {
+        FaultPath::Speculative => assert!(s.spf > 0, "no speculative fault completed: {s:?}"),
+        FaultPath::VmaLock => assert!(s.vma_lock > 0, "no per-VMA-lock fault completed: {s:?}"),
+        FaultPath::MapLock => assert_eq!(s.spf + s.vma_lock, 0),
+    }
     space.munmap(SHARED_BASE, shared_len).unwrap();
     assert!(space.mappings().is_empty());
     assert_eq!(space.page_table_pages(), 1, "page tables left behind");
-    assert_eq!(vm.stats().free_pages, initial_free, "frames leaked");
+    assert_eq!(vm.stats().free_pages, initial_free, "fault_path={}: frames leaked", path.name());
 }

@@ -92,6 +92,7 @@ impl Space {
         }
         drop(map);
         debug_assert_eq!(changes.narrowed, 0, "advice flags never change protection");
+        self.finish(ctx, 0, &[], false);
         drop(changes);
         result
     }
@@ -100,9 +101,13 @@ impl Space {
         let phys = &ctx.m.phys;
         let mut frames = Vec::new();
         let mut ptes = 0;
-        let result = {
-            let map = self.map_write(ctx);
-            walk(Op::Madvise, &map, start, end, |v, s, e| {
+        let (result, renewed) = {
+            let mut map = self.map_write(ctx);
+            // The pages change under the VMAs: replace them, so that a
+            // speculative fault that found a page before we took it out of
+            // its object aborts instead of mapping it.
+            let renewed = map.renew(start, end);
+            let r = walk(Op::Madvise, &map, start, end, |v, s, e| {
                 let n = self.pmap.zap(phys, s, e, |_, _| {});
                 ctx.count_n(Counter::pages_unmapped, n);
                 ptes += n;
@@ -112,9 +117,11 @@ impl Space {
                     o.remove_range(v.pindex(s), v.pindex(e), &mut frames);
                 }
                 Ok(())
-            })
+            });
+            (r, renewed)
         };
-        self.shootdown(ctx, ptes, &frames);
+        self.finish(ctx, ptes, &frames, false);
+        drop(renewed);
         result
     }
 }

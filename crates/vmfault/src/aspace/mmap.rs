@@ -123,7 +123,8 @@ impl Space {
         map.insert(Arc::new(Vma::new(start, end, prot, vflags, pgoff, object)));
         let retired = map.merge_range(start, end);
         drop(map);
-        self.shootdown(ctx, ptes, &frames);
+        let objects_gone = carved.iter().any(|v| v.object.get().is_some());
+        self.finish(ctx, ptes, &frames, objects_gone);
         drop((carved, retired));
 
         let populate = (flags.contains(MapFlags::POPULATE) && !prot.is_empty())

@@ -31,15 +31,21 @@ mod mprotect;
 mod munmap;
 pub(crate) mod vma;
 
+use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use crate::config::FaultPath;
 use crate::error::{Error, Op, Result};
 use crate::phys::Pfn;
 use crate::pmap::Pmap;
 use crate::stats::Counter;
+use crate::sync::rcu::{RcuBox, RcuReadGuard, Retired};
 use crate::types::MappingInfo;
 use crate::vm::{Ctx, Vm};
-use vma::VmaTree;
+use vma::{Snapshot, VmaTree};
+
+/// Retired snapshots that make an operation wait for a grace period.
+const SNAPSHOT_BACKLOG: usize = 32;
 
 /// Linux's default `vm.max_map_count`.
 pub const MAX_MAP_COUNT: usize = 65530;
@@ -80,6 +86,47 @@ pub(crate) struct Space {
     /// Serializes the creation of private anonymous objects (Linux takes
     /// `page_table_lock` in `anon_vma_prepare`). Inner to the map lock.
     anon_lock: Mutex<()>,
+    /// `[a]` the VMA index as lockless faults see it (RCU: read inside a
+    /// section; replaced under the map write lock after every change).
+    snapshot: RcuBox<Snapshot>,
+    /// Replaced snapshots waiting for a grace period (inner to the map lock).
+    retired: Mutex<Vec<Retired<Box<Snapshot>>>>,
+    /// `[I]` whether faults look VMAs up without the map lock (so snapshots
+    /// must be published).
+    lockless: bool,
+}
+
+/// The map lock held for writing. Any mutable use of the index marks it
+/// changed; dropping the guard then publishes a new snapshot for lockless
+/// faults (before the lock is released).
+pub(crate) struct MapWrite<'a> {
+    space: &'a Space,
+    guard: RwLockWriteGuard<'a, VmaTree>,
+    changed: bool,
+}
+
+impl Deref for MapWrite<'_> {
+    type Target = VmaTree;
+    fn deref(&self) -> &VmaTree {
+        &self.guard
+    }
+}
+
+impl DerefMut for MapWrite<'_> {
+    fn deref_mut(&mut self) -> &mut VmaTree {
+        self.changed = true;
+        &mut self.guard
+    }
+}
+
+impl Drop for MapWrite<'_> {
+    fn drop(&mut self) {
+        let s = self.space;
+        if self.changed && s.lockless {
+            let old = s.snapshot.replace(&s.vm.m.rcu, self.guard.snapshot());
+            s.retired.lock().unwrap_or_else(|p| p.into_inner()).push(old);
+        }
+    }
 }
 
 impl AddressSpace {
@@ -87,8 +134,17 @@ impl AddressSpace {
         let pmap = vm
             .with_ctx(|ctx| Pmap::new(&ctx.frames()))
             .map_err(|_| Error::NoMemory { op: Op::NewSpace, what: "a page-table root" })?;
+        let lockless = vm.m.config.fault_path != FaultPath::MapLock;
         Ok(AddressSpace {
-            s: Arc::new(Space { vm, map: RwLock::new(VmaTree::default()), pmap, anon_lock: Mutex::new(()) }),
+            s: Arc::new(Space {
+                vm,
+                map: RwLock::new(VmaTree::default()),
+                pmap,
+                anon_lock: Mutex::new(()),
+                snapshot: RcuBox::new(Snapshot::default()),
+                retired: Mutex::new(Vec::new()),
+                lockless,
+            }),
         })
     }
 
@@ -121,10 +177,16 @@ impl Space {
     }
 
     /// Take the map lock for writing (counted).
-    pub(crate) fn map_write(&self, ctx: &Ctx<'_>) -> RwLockWriteGuard<'_, VmaTree> {
+    pub(crate) fn map_write(&self, ctx: &Ctx<'_>) -> MapWrite<'_> {
         ctx.count(Counter::map_lock_acquisitions);
         ctx.count(Counter::map_lock_writes);
-        self.map.write().unwrap_or_else(|p| p.into_inner())
+        MapWrite { space: self, guard: self.map.write().unwrap_or_else(|p| p.into_inner()), changed: false }
+    }
+
+    /// The VMA index as lockless faults see it, for the section's length.
+    #[inline]
+    pub(crate) fn snapshot<'a>(&'a self, section: &'a RcuReadGuard<'_>) -> &'a Snapshot {
+        self.snapshot.read(section)
     }
 
     /// Take the anon lock (see the field).
@@ -132,20 +194,32 @@ impl Space {
         self.anon_lock.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Finish an operation that cleared or narrowed `ptes` PTEs and
-    /// unlinked `frames`: wait for the grace period (the TLB shootdown), so
-    /// that no access through an old PTE is still in flight when the call
-    /// returns, then free the frames. Call with no lock held.
-    pub(crate) fn shootdown(&self, ctx: &Ctx<'_>, ptes: u64, frames: &[Pfn]) {
-        if ptes == 0 && frames.is_empty() {
+    /// Finish an operation that changed the address space, with no lock
+    /// held. If it cleared or narrowed `ptes` PTEs or unlinked `frames`,
+    /// wait for a grace period (the TLB shootdown), so that no access
+    /// through an old PTE is still in flight when the call returns, and free
+    /// the frames. Then free the snapshots whose grace period has passed;
+    /// with `objects_gone` (it removed VMAs that held objects, which the old
+    /// snapshots keep alive), or too many pending, wait for one first.
+    pub(crate) fn finish(&self, ctx: &Ctx<'_>, ptes: u64, frames: &[Pfn], objects_gone: bool) {
+        if ptes > 0 || !frames.is_empty() {
+            ctx.count(Counter::tlb_shootdowns);
+            if frames.is_empty() {
+                self.vm.m.rcu.synchronize();
+            } else {
+                ctx.frames().free_after_grace(frames);
+            }
+        }
+        let mut list = std::mem::take(&mut *self.retired.lock().unwrap_or_else(|p| p.into_inner()));
+        if list.is_empty() {
             return;
         }
-        ctx.count(Counter::tlb_shootdowns);
-        if frames.is_empty() {
-            self.vm.m.rcu.synchronize();
-        } else {
-            ctx.frames().free_after_grace(frames);
+        let wait = objects_gone || list.len() > SNAPSHOT_BACKLOG;
+        let done = self.vm.m.rcu.reclaim(&mut list, wait);
+        if !list.is_empty() {
+            self.retired.lock().unwrap_or_else(|p| p.into_inner()).append(&mut list);
         }
+        drop(done);
     }
 }
 
@@ -155,6 +229,8 @@ impl Drop for Space {
         // VMAs (their objects free their pages) and the page table.
         let vmas = self.map.get_mut().unwrap_or_else(|p| p.into_inner()).take_all();
         drop(vmas);
+        let mut retired = std::mem::take(self.retired.get_mut().unwrap_or_else(|p| p.into_inner()));
+        drop(self.vm.m.rcu.reclaim(&mut retired, true));
         let mut frames = Vec::new();
         let phys = &self.vm.m.phys;
         self.pmap.teardown(phys, &mut frames);

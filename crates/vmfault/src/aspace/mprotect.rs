@@ -87,7 +87,7 @@ impl Space {
         };
         // Like Linux's TLB flush: no store through a PTE that was writable
         // is still in flight once mprotect returns.
-        self.shootdown(ctx, changes.narrowed, &[]);
+        self.finish(ctx, changes.narrowed, &[], false);
         drop(changes);
         result
     }

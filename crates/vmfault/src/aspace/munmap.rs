@@ -56,7 +56,8 @@ impl Space {
             }
             carved
         };
-        self.shootdown(ctx, ptes, &frames);
+        let objects_gone = carved.iter().any(|v| v.object.get().is_some());
+        self.finish(ctx, ptes, &frames, objects_gone);
         drop(carved);
         Ok(())
     }

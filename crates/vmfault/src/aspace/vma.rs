@@ -26,6 +26,8 @@ use std::sync::{Arc, OnceLock};
 use bitflags::bitflags;
 
 use crate::object::Object;
+use crate::sync::CachePadded;
+use crate::sync::vma_state::VmaState;
 use crate::types::{MappingInfo, PAGE_SHIFT, Prot};
 
 bitflags! {
@@ -63,6 +65,15 @@ pub(crate) struct Vma {
     /// `[a]` set once: the object. Shared mappings get it at mmap; private
     /// anonymous memory at its first write fault, under the space's anon lock.
     pub(crate) object: OnceLock<Arc<Object>>,
+    /// `[a]` live or retired, and per-VMA readers (see `sync::vma_state`):
+    /// retired, under the map lock, when the VMA leaves the index. On a
+    /// cache line of its own: every per-VMA-lock fault writes it, and
+    /// every lookup reads the fields above (of this and neighbouring VMAs).
+    /// Sharing the line held VmaLock to 0.85x of MapLock on ebizzy -mT at 2
+    /// and 8 vCPUs; on its own line it runs at 0.97x and 1.02x (9
+    /// interleaved rounds). Linux keeps its per-VMA lock on a line of its
+    /// own inside `vm_area_struct` for the same reason.
+    pub(crate) state: CachePadded<VmaState>,
 }
 
 impl Vma {
@@ -80,7 +91,7 @@ impl Vma {
         if let Some(o) = object {
             let _ = cell.set(o);
         }
-        Vma { start, end, prot, flags, pgoff, object: cell }
+        Vma { start, end, prot, flags, pgoff, object: cell, state: CachePadded(VmaState::new()) }
     }
 
     /// A copy of this VMA restricted to `start..end`, with `prot`/`flags`.
@@ -175,8 +186,29 @@ impl VmaTree {
         self.by_end.insert(vma.end, vma);
     }
 
+    /// Take a VMA out of the index and retire it (speculative faults on it
+    /// abort from now on, read-lockers drain first).
     fn remove(&mut self, vma: &Vma) -> Arc<Vma> {
-        self.by_end.remove(&vma.end).expect("VMA not in the index")
+        let v = self.by_end.remove(&vma.end).expect("VMA not in the index");
+        v.state.retire();
+        v
+    }
+
+    /// Replace every VMA intersecting `start..end` by an identical copy,
+    /// retiring the old ones: for operations that change what a VMA maps
+    /// without changing the VMA (`MADV_DONTNEED`). Returns the old ones.
+    pub(crate) fn renew(&mut self, start: u64, end: u64) -> Vec<Arc<Vma>> {
+        let hit: Vec<Arc<Vma>> = self.overlapping(start, end).cloned().collect();
+        for v in &hit {
+            self.remove(v);
+            self.by_end.insert(v.end, Arc::new(v.clip(v.start, v.end)));
+        }
+        hit
+    }
+
+    /// A snapshot of the index for lockless readers (sorted by address).
+    pub(crate) fn snapshot(&self) -> Snapshot {
+        Snapshot { vmas: self.by_end.values().cloned().collect() }
     }
 
     /// Remove everything in `start..end`, splitting VMAs that straddle an
@@ -243,6 +275,24 @@ impl VmaTree {
     }
 }
 
+/// An immutable copy of the VMA index, published for lockless readers (the
+/// speculative and per-VMA-lock fault paths) and freed after a grace period
+/// once replaced. Its VMAs stay allocated while it exists.
+#[derive(Debug, Default)]
+pub(crate) struct Snapshot {
+    /// `[I]` the VMAs, sorted by address.
+    vmas: Vec<Arc<Vma>>,
+}
+
+impl Snapshot {
+    /// The VMA containing `addr`, if any.
+    #[inline]
+    pub(crate) fn find(&self, addr: u64) -> Option<&Arc<Vma>> {
+        let i = self.vmas.partition_point(|v| v.end <= addr);
+        self.vmas.get(i).filter(|v| v.start <= addr)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -276,6 +326,24 @@ mod tests {
         let removed = t.carve(11 * P, 12 * P);
         assert_eq!(removed.len(), 1);
         assert_eq!(ranges(&t), vec![(10, 11), (12, 15), (35, 40)]);
+    }
+
+    #[test]
+    fn removal_retires_and_snapshots_find() {
+        let mut t = VmaTree::default();
+        t.insert(vma(10, 20, Prot::READ));
+        t.insert(vma(30, 40, Prot::READ));
+        let snap = t.snapshot();
+        assert_eq!(snap.find(15 * P).map(|v| v.start), Some(10 * P));
+        assert!(snap.find(25 * P).is_none() && snap.find(40 * P).is_none());
+        let old = snap.find(35 * P).unwrap().clone();
+        t.carve(30 * P, 35 * P);
+        assert!(!old.state.is_live(), "a VMA leaving the index is retired");
+        let renewed = t.renew(0, 100 * P);
+        assert_eq!(renewed.len(), 2);
+        assert!(renewed.iter().all(|v| !v.state.is_live()));
+        assert!(t.iter().all(|v| v.state.is_live()));
+        assert_eq!(ranges(&t), vec![(10, 20), (35, 40)]);
     }
 
     #[test]

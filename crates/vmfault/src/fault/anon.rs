@@ -1,5 +1,8 @@
-//! Resolving a fault in a known, stable VMA of anonymous memory (Linux's
+//! Resolving a fault in a known VMA of anonymous memory (Linux's
 //! `do_anonymous_page` and the write-fault half of `do_wp_page`).
+//!
+//! `resolve_stable` serves the classic path (the VMA pinned by the map
+//! lock); `commit_locked`, the part under the PTE lock, serves every path.
 //!
 //! 1. Make sure the VMA has an object if this fault may need a new page
 //!    (`prepare`, Linux's `anon_vma_prepare`, including its reuse of a
@@ -27,52 +30,48 @@ use crate::aspace::Space;
 use crate::aspace::vma::{Vma, VmaTree};
 use crate::error::{Error, Result};
 use crate::object::{Insert, Object};
-use crate::phys::Pfn;
-use crate::pmap::{Pmap, Pte};
+use crate::phys::{Frames, OwnedFrame, Pfn};
+use crate::pmap::{Leaf, Pmap, Pte};
 use crate::stats::Counter;
+use crate::sync::spin::WordGuard;
 use crate::types::{Access, PAGE_SHIFT, Prot};
 use crate::vm::Ctx;
 
-/// Resolve `fault` in `vma`.
+/// Whether `fault` in `vma` may need a new page (and so the VMA's object):
+/// anything but a read of untouched private memory, which maps the zero page.
+pub(super) fn may_allocate(ctx: &Ctx<'_>, vma: &Vma, fault: &Fault) -> bool {
+    fault.access == Access::Write || vma.is_shared() || !ctx.m.config.zero_page
+}
+
+/// Resolve `fault` in a VMA that cannot change meanwhile; `object` is the
+/// VMA's object if this fault may allocate (else whatever it has).
 ///
 /// # Preconditions
-/// - `vma` cannot change or be removed for the duration (the classic path
-///   holds the map lock for reading; `map` is the index it guards).
-/// - The caller is outside any RCU read-side section of this vCPU.
-pub(super) fn resolve(
+/// - `vma` cannot change or be removed for the duration: the classic path
+///   holds the map lock for reading.
+/// - The caller is outside any RCU read-side section of this vCPU (this
+///   may drain every vCPU's page cache, which waits for a grace period).
+pub(super) fn resolve_stable(
     ctx: &Ctx<'_>,
     space: &Space,
-    map: &VmaTree,
-    vma: &Arc<Vma>,
+    vma: &Vma,
+    object: Option<&Arc<Object>>,
     fault: Fault,
-    f: impl FnOnce(Pfn),
+    f: &mut impl FnMut(Pfn),
 ) -> Result<Resolved> {
     let phys = &ctx.m.phys;
     let nomem = |what| Error::NoMemory { op: fault.op, what };
-    let write = fault.access == Access::Write;
     let pindex = vma.pindex(fault.addr);
-    // A read of untouched private memory can use the zero page; anything
-    // else may need a page of the VMA's object.
-    let may_allocate = write || vma.is_shared() || !ctx.m.config.zero_page;
-    let object = if may_allocate {
-        Some(prepare(ctx, space, map, vma).map_err(|_| nomem("an object's page index"))?)
-    } else {
-        vma.object.get()
-    };
     let frames = ctx.frames();
     let leaf = space.pmap.pte_alloc(&frames, fault.addr).map_err(|_| nomem("a page-table page"))?;
 
-    // Outside any read-side section: allocating may have to drain every
-    // vCPU's page cache, which waits for a grace period. Zeroing is the bulk
-    // of a fault's work; it is done here too, before any lock.
+    // Allocation and zeroing (the bulk of a fault's work) come before any
+    // lock, outside any section: allocating may have to drain the caches.
     let mut fresh = None;
-    if may_allocate {
+    if may_allocate(ctx, vma, &fault) {
         let o = object.expect("allocating faults have an object");
-        let resident = {
-            let _rcu = ctx.rcu_read();
-            o.lookup(pindex).is_some()
-        };
-        if !resident {
+        // Under the map lock no page can leave the object: no section needed.
+        if o.lookup(pindex).is_none() {
             o.reserve(&frames, pindex).map_err(|_| nomem("an object's page-index node"))?;
             let mut frame = frames.alloc().ok_or_else(|| {
                 ctx.count(Counter::fault_nomem);
@@ -85,36 +84,74 @@ pub(super) fn resolve(
 
     let _rcu = ctx.rcu_read();
     let existing = object.and_then(|o| o.lookup(pindex));
-    let (_ptl, contended) = Pmap::lock(phys, &leaf);
+    let (ptl, contended) = Pmap::lock(phys, &leaf);
     if contended {
         ctx.count(Counter::pte_lock_contended);
     }
+    commit_locked(ctx, &frames, vma, &leaf, &ptl, Commit { object, pindex, existing, fresh }, fault, f)
+}
+
+/// What a fault has prepared before taking the PTE lock.
+pub(super) struct Commit<'a> {
+    /// The VMA's object (if any).
+    pub(super) object: Option<&'a Arc<Object>>,
+    /// The page's index in it.
+    pub(super) pindex: u64,
+    /// The object's page at `pindex`, as looked up.
+    pub(super) existing: Option<Pfn>,
+    /// A new, zeroed page, if the fault may allocate and found none.
+    pub(super) fresh: Option<OwnedFrame>,
+}
+
+/// The part of every fault path that runs under the PTE lock: re-check the
+/// PTE, pick the page, insert a new page into its object, install the PTE
+/// (Release), call back with the frame.
+///
+/// # Preconditions
+/// - Inside an RCU read-side section; `_ptl` is the PTE lock of `leaf`.
+/// - `vma` is stable, or the caller has re-validated it under `_ptl`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn commit_locked(
+    ctx: &Ctx<'_>,
+    frames: &Frames<'_>,
+    vma: &Vma,
+    leaf: &Leaf<'_>,
+    _ptl: &WordGuard<'_>,
+    c: Commit<'_>,
+    fault: Fault,
+    f: &mut impl FnMut(Pfn),
+) -> Result<Resolved> {
+    let phys = frames.phys();
+    let write = fault.access == Access::Write;
     let cur = Pte(leaf.entry.load(Ordering::Relaxed));
     if cur.allows(fault.access) {
-        if let Some(frame) = fresh {
+        if let Some(frame) = c.fresh {
             frames.free_owned(frame);
         }
         f(cur.pfn());
         return Ok(Resolved::Raced);
     }
-    let (pfn, resolved) = match (existing, fresh) {
+    let (pfn, resolved) = match (c.existing, c.fresh) {
         (Some(p), fresh) => {
             if let Some(frame) = fresh {
                 frames.free_owned(frame);
             }
             (p, if cur.is_present() { Resolved::Upgraded } else { Resolved::Mapped })
         }
-        (None, Some(frame)) => match object.expect("allocating faults have an object").insert(&frames, pindex, frame) {
-            Ok(Insert::Ours(p)) => (p, Resolved::ZeroFill),
-            Ok(Insert::Theirs(p)) => (p, Resolved::Mapped),
-            Err((_, frame)) => {
-                frames.free_owned(frame);
-                ctx.count(Counter::fault_nomem);
-                return Err(nomem("an object's page-index node"));
+        (None, Some(frame)) => {
+            match c.object.expect("allocating faults have an object").insert(frames, c.pindex, frame) {
+                Ok(Insert::Ours(p)) => (p, Resolved::ZeroFill),
+                Ok(Insert::Theirs(p)) => (p, Resolved::Mapped),
+                Err((_, frame)) => {
+                    frames.free_owned(frame);
+                    ctx.count(Counter::fault_nomem);
+                    return Err(Error::NoMemory { op: fault.op, what: "an object's page-index node" });
+                }
             }
-        },
-        // Under the map lock a resident page cannot vanish, so only a fault
-        // that may not allocate gets here: a read of untouched private memory.
+        }
+        // A page that was resident cannot vanish from a stable VMA, so only
+        // a fault that may not allocate gets here: a read of untouched
+        // private memory.
         (None, None) => (phys.zero_pfn(), Resolved::ZeroPage),
     };
     let exec = vma.prot.contains(Prot::EXEC);
@@ -132,7 +169,12 @@ pub(super) fn resolve(
 
 /// The object of `vma`, creating it (or adopting a neighbour's) if needed.
 /// Serialized by the space's anon lock.
-fn prepare<'v>(ctx: &Ctx<'_>, space: &Space, map: &'v VmaTree, vma: &'v Arc<Vma>) -> Result<&'v Arc<Object>, ()> {
+pub(super) fn prepare<'v>(
+    ctx: &Ctx<'_>,
+    space: &Space,
+    map: &'v VmaTree,
+    vma: &'v Arc<Vma>,
+) -> Result<&'v Arc<Object>, ()> {
     if let Some(o) = vma.object.get() {
         return Ok(o);
     }

@@ -9,13 +9,13 @@
 
 use super::{Fault, Resolved, anon};
 use crate::aspace::Space;
-use crate::error::{Result, SegvCode};
+use crate::error::{Error, Result, SegvCode};
 use crate::phys::Pfn;
 use crate::types::TASK_SIZE;
 use crate::vm::Ctx;
 
 /// Find the VMA, check the access, and resolve the fault under the map lock.
-pub(super) fn fault(ctx: &Ctx<'_>, space: &Space, fault: Fault, f: impl FnOnce(Pfn)) -> Result<Resolved> {
+pub(super) fn fault(ctx: &Ctx<'_>, space: &Space, fault: Fault, f: &mut impl FnMut(Pfn)) -> Result<Resolved> {
     if fault.addr >= TASK_SIZE {
         return Err(fault.segv(ctx, SegvCode::MapErr));
     }
@@ -26,5 +26,13 @@ pub(super) fn fault(ctx: &Ctx<'_>, space: &Space, fault: Fault, f: impl FnOnce(P
     if !vma.prot.allows(fault.access) {
         return Err(fault.segv(ctx, SegvCode::AccErr));
     }
-    anon::resolve(ctx, space, &map, vma, fault, f)
+    let object = if anon::may_allocate(ctx, vma, &fault) {
+        Some(
+            anon::prepare(ctx, space, &map, vma)
+                .map_err(|_| Error::NoMemory { op: fault.op, what: "an object's page index" })?,
+        )
+    } else {
+        vma.object.get()
+    };
+    anon::resolve_stable(ctx, space, vma, object, fault, f)
 }

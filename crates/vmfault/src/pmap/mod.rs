@@ -14,5 +14,5 @@ pub(crate) mod radix;
 pub(crate) mod table;
 
 pub(crate) use pte::Pte;
-pub(crate) use radix::{OutOfFrames, Radix};
+pub(crate) use radix::{Leaf, OutOfFrames, Radix};
 pub(crate) use table::Pmap;

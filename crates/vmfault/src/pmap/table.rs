@@ -55,6 +55,13 @@ impl Pmap {
         pte.allows(access).then(|| pte.pfn())
     }
 
+    /// The PTE slot for `addr`, if its page-table levels exist (same caller
+    /// rule as `translate`).
+    #[inline]
+    pub(crate) fn pte<'p>(&self, phys: &'p PhysMem, addr: u64) -> Option<Leaf<'p>> {
+        self.radix.leaf(phys, vpn(addr))
+    }
+
     /// The PTE slot for `addr`, allocating page-table pages as needed.
     pub(crate) fn pte_alloc<'p>(&self, frames: &Frames<'p>, addr: u64) -> Result<Leaf<'p>, OutOfFrames> {
         let (leaf, added) = self.radix.leaf_alloc(frames, vpn(addr))?;

@@ -8,21 +8,24 @@
 //!   one): per-reader counters that are odd inside a read-side section.
 //! - `cpu`: vCPU slots. A thread attached to a slot owns its per-CPU data the
 //!   way a kernel CPU owns its per-CPU data with preemption disabled.
-//! - `spin`: the word lock used as the PTE lock (`[P]`), with a try-lock.
+//! - [`spin`]: the word lock used as the PTE lock (`[P]`), with a try-lock.
+//! - [`percpu`]: per-CPU caches another CPU can drain (protocols 1 and 2).
+//! - [`vma_state`]: a VMA's sequence count and per-VMA lock (protocols 3 and 4).
 //!
 //! Under `--cfg loom` the atomics, fences and spin hints are loom's.
 
 pub(crate) mod cpu;
 pub mod percpu;
 pub mod rcu;
-pub(crate) mod spin;
+pub mod spin;
+pub mod vma_state;
 
 /// Atomics: `std`'s, or loom's under `--cfg loom`.
 pub(crate) mod atomic {
     #[cfg(loom)]
-    pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence};
+    pub(crate) use loom::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence};
     #[cfg(not(loom))]
-    pub(crate) use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence};
+    pub(crate) use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence};
 }
 
 /// A mutex: `std`'s, or loom's under `--cfg loom` (so that a model never

@@ -38,6 +38,13 @@
 //! - Sections nest (a nesting count in the [`RcuReader`]); only the
 //!   outermost one touches the counter.
 //!
+//! # Deferred reclamation
+//! [`Rcu::retire`] wraps an unlinked object with a cookie (Linux's
+//! `get_state_synchronize_rcu`); [`Rcu::reclaim`] hands it back once any
+//! grace period that *started* after the cookie has completed
+//! (`poll_state_synchronize_rcu`), so every `synchronize()`, whoever calls
+//! it, moves reclamation on. [`RcuBox`] is a published pointer built on it.
+//!
 //! The loom model `tests/loom_rcu.rs` checks the reader/writer pairing, and
 //! fails when the grace period is skipped (`--cfg vmfault_mutation="rcu_no_grace"`)
 //! or when the reader's fence is removed (`--cfg vmfault_mutation="rcu_no_reader_fence"`).
@@ -45,9 +52,10 @@
 //! it guards the Release on the entry store (`rcu_relaxed_entry`).
 
 use std::cell::Cell;
+use std::mem::ManuallyDrop;
 
 use super::CachePadded;
-use super::atomic::{AtomicU64, Ordering, fence};
+use super::atomic::{AtomicPtr, AtomicU64, Ordering, fence};
 
 /// A set of readers and the grace-period machinery over them.
 #[derive(Debug)]
@@ -55,6 +63,24 @@ pub struct Rcu {
     /// One counter per reader; odd inside a read-side section.
     /// `[a]`: written only by the reader that owns it, read by `synchronize`.
     counters: Box<[CachePadded<AtomicU64>]>,
+    /// `[a]` grace periods started (incremented, SeqCst, when one starts).
+    gp_started: CachePadded<AtomicU64>,
+    /// `[a]` the highest grace period completed (Release, pairs with the
+    /// Acquire in `elapsed`).
+    gp_done: CachePadded<AtomicU64>,
+}
+
+/// When an object was unlinked, in grace periods (see [`Rcu::retire`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpCookie(u64);
+
+/// An unlinked object waiting for a grace period before it may be dropped.
+/// Dropping a `Retired` without [`Rcu::reclaim`] leaks the object (safe).
+#[derive(Debug)]
+pub struct Retired<T> {
+    item: ManuallyDrop<T>,
+    cookie: GpCookie,
+    rcu: usize,
 }
 
 /// The right to enter read-side sections as one reader of an [`Rcu`].
@@ -91,7 +117,8 @@ impl Rcu {
         let counters: Box<[CachePadded<AtomicU64>]> = (0..readers).map(|_| CachePadded(AtomicU64::new(0))).collect();
         let owner = counters.as_ptr() as usize;
         let handles = (0..readers).map(|index| RcuReader { index, owner, nesting: Cell::new(0) }).collect();
-        (Rcu { counters }, handles)
+        let rcu = Rcu { counters, gp_started: CachePadded(AtomicU64::new(0)), gp_done: CachePadded(AtomicU64::new(0)) };
+        (rcu, handles)
     }
 
     /// Enter a read-side section as `reader`.
@@ -140,6 +167,7 @@ impl Rcu {
             // Mutation for the loom model: skip the grace period entirely.
             return;
         }
+        let seq = self.gp_started.fetch_add(1, Ordering::SeqCst) + 1;
         // Pairs with the fence in `read_lock`.
         fence(Ordering::SeqCst);
         for c in self.counters.iter() {
@@ -152,6 +180,53 @@ impl Rcu {
                 }
             }
         }
+        // Release: everything the waited-for sections did happens-before a
+        // reclaimer that sees this (Acquire in `elapsed`).
+        self.gp_done.fetch_max(seq, Ordering::Release);
+    }
+
+    /// The current grace-period state, to compare with later (Linux's
+    /// `get_state_synchronize_rcu`). Take it *after* unlinking.
+    pub fn cookie(&self) -> GpCookie {
+        // Orders the unlink before the load: a grace period counted as
+        // started after this cookie started after the unlink too.
+        fence(Ordering::SeqCst);
+        GpCookie(self.gp_started.load(Ordering::Relaxed))
+    }
+
+    /// Whether a full grace period has elapsed since `cookie` was taken
+    /// (Linux's `poll_state_synchronize_rcu`).
+    pub fn elapsed(&self, cookie: GpCookie) -> bool {
+        self.gp_done.load(Ordering::Acquire) > cookie.0
+    }
+
+    /// Wrap an object that has just been unlinked (no new reader can reach
+    /// it) for reclamation after a grace period.
+    pub fn retire<T>(&self, item: T) -> Retired<T> {
+        Retired { item: ManuallyDrop::new(item), cookie: self.cookie(), rcu: self.id() }
+    }
+
+    /// Take back the objects of `list` whose grace period has elapsed;
+    /// with `wait`, first wait for one if any is still pending. Must not be
+    /// called inside a read-side section when `wait` is set.
+    pub fn reclaim<T>(&self, list: &mut Vec<Retired<T>>, wait: bool) -> Vec<T> {
+        assert!(list.iter().all(|r| r.rcu == self.id()), "Retired of another Rcu");
+        if wait && list.iter().any(|r| !self.elapsed(r.cookie)) {
+            self.synchronize();
+        }
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < list.len() {
+            if self.elapsed(list[i].cookie) {
+                let mut r = list.swap_remove(i);
+                // SAFETY: taken exactly once; `r` is dropped right after
+                // without touching `item` (`Retired` has no drop glue for it).
+                out.push(unsafe { ManuallyDrop::take(&mut r.item) });
+            } else {
+                i += 1;
+            }
+        }
+        out
     }
 
     /// An identity for this `Rcu` (stable for its lifetime).
@@ -185,6 +260,58 @@ impl RcuReader {
     /// Whether this reader belongs to `rcu`.
     pub fn belongs_to(&self, rcu: &Rcu) -> bool {
         self.owner == rcu.id()
+    }
+}
+
+/// A pointer published to RCU readers: read inside a read-side section,
+/// replaced by writers, the old value reclaimed after a grace period.
+pub struct RcuBox<T> {
+    /// `[a]` never null; loaded with Acquire inside sections, swapped by writers.
+    ptr: AtomicPtr<T>,
+}
+
+// SAFETY: readers on other threads get `&T` (needs `Sync`); the value is
+// dropped on whichever thread reclaims it (needs `Send`).
+unsafe impl<T: Send + Sync> Sync for RcuBox<T> {}
+// SAFETY: as above.
+unsafe impl<T: Send + Sync> Send for RcuBox<T> {}
+
+impl<T> RcuBox<T> {
+    /// Publish `value`.
+    pub fn new(value: T) -> Self {
+        RcuBox { ptr: AtomicPtr::new(Box::into_raw(Box::new(value))) }
+    }
+
+    /// The current value, for as long as the read-side section lasts.
+    #[inline]
+    pub fn read<'a>(&'a self, _section: &'a RcuReadGuard<'_>) -> &'a T {
+        // SAFETY: never null; a value is dropped only through `Retired`,
+        // after a grace period that started once it was unpublished, so it
+        // outlives every section (like ours) that could have loaded it.
+        // Acquire pairs with the swap in `replace`.
+        unsafe { &*self.ptr.load(Ordering::Acquire) }
+    }
+
+    /// Publish `value`; the old one comes back to be reclaimed after a grace period.
+    pub fn replace(&self, rcu: &Rcu, value: T) -> Retired<Box<T>> {
+        let old = self.ptr.swap(Box::into_raw(Box::new(value)), Ordering::AcqRel);
+        // SAFETY: `old` came from `Box::into_raw` and is now unpublished; it
+        // is only dropped after a grace period (through `Retired`).
+        rcu.retire(unsafe { Box::from_raw(old) })
+    }
+}
+
+impl<T> Drop for RcuBox<T> {
+    fn drop(&mut self) {
+        // SAFETY: `&mut self` means no reader borrows us (reads are tied to
+        // a borrow of `self`); the pointer came from `Box::into_raw`.
+        drop(unsafe { Box::from_raw(self.ptr.load(Ordering::Relaxed)) });
+    }
+}
+
+impl<T: std::fmt::Debug> std::fmt::Debug for RcuBox<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RcuBox")
     }
 }
 
@@ -261,6 +388,28 @@ mod tests {
         release.store(true, Ordering::SeqCst);
         t.join().unwrap();
         s.join().unwrap();
+    }
+
+    #[test]
+    fn retired_objects_come_back_after_a_grace_period() {
+        let (rcu, readers) = Rcu::new(1);
+        let b = RcuBox::new(1u32);
+        {
+            let g = rcu.read_lock(&readers[0]);
+            assert_eq!(*b.read(&g), 1);
+        }
+        let mut list = vec![b.replace(&rcu, 2)];
+        assert!(rcu.reclaim(&mut list, false).is_empty(), "no grace period yet");
+        let back = rcu.reclaim(&mut list, true);
+        assert_eq!(back.len(), 1);
+        assert_eq!(*back[0], 1);
+        assert!(list.is_empty());
+        // Any grace period after the retirement counts.
+        let mut list = vec![b.replace(&rcu, 3)];
+        rcu.synchronize();
+        assert_eq!(rcu.reclaim(&mut list, false).len(), 1);
+        let g = rcu.read_lock(&readers[0]);
+        assert_eq!(*b.read(&g), 3);
     }
 
     #[test]

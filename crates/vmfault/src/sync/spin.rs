@@ -11,20 +11,20 @@ use super::atomic::{AtomicU32, Ordering};
 /// A held word lock; unlocks on drop.
 #[must_use = "the lock is released when the guard is dropped"]
 #[derive(Debug)]
-pub(crate) struct WordGuard<'a> {
+pub struct WordGuard<'a> {
     word: &'a AtomicU32,
 }
 
 /// Try once to take the lock.
 #[inline]
-pub(crate) fn try_lock(word: &AtomicU32) -> Option<WordGuard<'_>> {
+pub fn try_lock(word: &AtomicU32) -> Option<WordGuard<'_>> {
     // Acquire pairs with the Release in `WordGuard::drop` of the previous holder.
     word.compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed).ok().map(|_| WordGuard { word })
 }
 
 /// Take the lock, waiting if needed; also says whether it had to wait.
 #[inline]
-pub(crate) fn lock(word: &AtomicU32) -> (WordGuard<'_>, bool) {
+pub fn lock(word: &AtomicU32) -> (WordGuard<'_>, bool) {
     if let Some(g) = try_lock(word) {
         return (g, false);
     }

@@ -6,14 +6,30 @@ pub mod model;
 pub mod ops;
 
 use ops::*;
-use vmfault::{Vm, VmConfig};
+use vmfault::{FaultPath, Vm, VmConfig};
 
-/// Run `ops` on the host kernel and on vmfault; the first difference in a
-/// result or in the window's layout, as a readable message. Also checks
-/// that unmapping everything at the end gives every frame back.
+/// Every fault path: the suites run in all of them.
+pub const FAULT_PATHS: [FaultPath; 3] = [FaultPath::MapLock, FaultPath::Speculative, FaultPath::VmaLock];
+
+/// A small machine for tests, with the given fault path.
+pub fn test_vm(phys_bytes: u64, cpus: usize, path: FaultPath) -> Vm {
+    Vm::new(VmConfig { phys_bytes, cpus, prefault: false, fault_path: path, ..VmConfig::default() }).unwrap()
+}
+
+/// Run `ops` on the host kernel once and on vmfault with every fault path;
+/// the first difference in a result or in the window's layout, as a
+/// readable message. Also checks that unmapping everything at the end gives
+/// every frame back.
 pub fn check_against_host(ops: &[TOp]) -> Result<(), String> {
     let (host, host_maps) = host::run_host(ops)?;
-    let vm = Vm::new(VmConfig { phys_bytes: 8 << 20, cpus: 1, prefault: false, ..VmConfig::default() }).unwrap();
+    for path in FAULT_PATHS {
+        check_path(ops, &host, &host_maps, path).map_err(|e| format!("fault_path={}: {e}", path.name()))?;
+    }
+    Ok(())
+}
+
+fn check_path(ops: &[TOp], host: &[Outcome], host_maps: &[Vec<MapEntry>], path: FaultPath) -> Result<(), String> {
+    let vm = test_vm(8 << 20, 1, path);
     let space = vm.new_space().unwrap();
     let initial_free = vm.stats().free_pages;
     vmfault_guards(&space, VM_BASE);

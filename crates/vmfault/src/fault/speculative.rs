@@ -1,0 +1,81 @@
+//! The speculative fault path (Linux's SPF, protocol 3 of shared/DESIGN.md):
+//! no lock at all until the PTE lock.
+//!
+//! Inside one RCU read-side section (which keeps the VMA, its object and
+//! the page tables allocated, see `aspace::vma::Snapshot`):
+//!
+//! 1. find the VMA in the published snapshot; it must be live (its
+//!    sequence count "even") and allow the access;
+//! 2. it must already have its object (`spf_vma_noanon`: the first fault of
+//!    a VMA creates it on the classic path) and its page-table levels
+//!    (`spf_pmd_changed`: levels are never allocated speculatively, since a
+//!    level added under a table that munmap is pruning would leak);
+//! 3. look the page up, or allocate and zero a new one (from the vCPU's
+//!    cache; draining other caches needs a grace period, impossible inside
+//!    a section: `spf_nomem`);
+//! 4. take the PTE lock with a try-lock (counting failures), and re-check
+//!    that the VMA is still live *under the lock*: a writer retires a VMA
+//!    before it takes the PTE locks to zap or narrow, so either we see the
+//!    retirement, or our install precedes its zap;
+//! 5. install as every path does (`anon::commit_locked`).
+//!
+//! Any check that fails frees what was prepared and aborts with its reason;
+//! the caller counts it, emits a trace event and runs the classic path.
+
+#![deny(unsafe_code)]
+
+use super::anon::{self, Commit};
+use super::{Abort, Fault, Resolved};
+use crate::aspace::Space;
+use crate::phys::Pfn;
+use crate::stats::Counter;
+use crate::sync::spin;
+use crate::vm::Ctx;
+
+/// Try to resolve `fault` without the map lock.
+pub(super) fn fault(ctx: &Ctx<'_>, space: &Space, fault: Fault, f: &mut impl FnMut(Pfn)) -> Result<Resolved, Abort> {
+    let phys = &ctx.m.phys;
+    let frames = ctx.frames();
+    let section = ctx.rcu_read();
+    let vma = space.snapshot(&section).find(fault.addr).ok_or(Abort::NoVma)?;
+    if !vma.state.is_live() {
+        return Err(Abort::VmaChanged);
+    }
+    if !vma.prot.allows(fault.access) {
+        return Err(Abort::Access);
+    }
+    let allocate = anon::may_allocate(ctx, vma, &fault);
+    let object = vma.object.get();
+    if allocate && object.is_none() {
+        return Err(Abort::NoAnon);
+    }
+    let leaf = space.pmap.pte(phys, fault.addr).ok_or(Abort::PmdChanged)?;
+    let pindex = vma.pindex(fault.addr);
+    let existing = object.and_then(|o| o.lookup(pindex));
+    let mut fresh = None;
+    if existing.is_none() && allocate {
+        let o = object.expect("checked above");
+        o.reserve(&frames, pindex).map_err(|_| Abort::NoMem)?;
+        let mut frame = frames.alloc().ok_or(Abort::NoMem)?;
+        phys.zero(&mut frame);
+        fresh = Some(frame);
+    }
+    let ptl = &phys.page(leaf.node).ptl;
+    let mut spins = 0;
+    let guard = loop {
+        if let Some(g) = spin::try_lock(ptl) {
+            break g;
+        }
+        ctx.count(Counter::pte_lock_try_failures);
+        crate::sync::backoff(&mut spins);
+    };
+    if !vma.state.still_live_under(&guard) {
+        drop(guard);
+        if let Some(frame) = fresh {
+            frames.free_owned(frame);
+        }
+        return Err(Abort::VmaChanged);
+    }
+    anon::commit_locked(ctx, &frames, vma, &leaf, &guard, Commit { object, pindex, existing, fresh }, fault, f)
+        .map_err(|_| Abort::NoMem)
+}

@@ -1,0 +1,162 @@
+//! Loom model of a speculative page fault racing munmap (or mprotect),
+//! built from the real pieces: `VmaState` (the VMA's sequence count), the
+//! PTE word lock, `RcuBox`/`Rcu::reclaim` (the VMA index snapshot and its
+//! reclamation after a grace period).
+//!
+//! The fault finds the VMA under RCU, checks it is live, prepares its page,
+//! takes the PTE lock, re-checks the VMA under the lock and installs the
+//! PTE. munmap retires the VMA, unpublishes it, zaps the PTE under the PTE
+//! lock, and frees the VMA after a grace period (the free writes to it, so
+//! loom reports a fault still reading it).
+//!
+//! Checked, for munmap (the writer clears the PTE) and mprotect (it clears
+//! the write bit): nothing the fault installed outlives the change of its
+//! VMA, and the VMA is never used after it is freed. With
+//! `--cfg vmfault_mutation="spf_no_recheck"` (the final re-check skipped)
+//! the first property fails.
+//!
+//! The per-VMA lock path races the same writers: its fault read-locks the
+//! VMA, takes the PTE lock (blocking) and installs without a re-check;
+//! the writer's `retire` waits for it. With
+//! `--cfg vmfault_mutation="vma_retire_no_wait"` that model fails.
+#![cfg(loom)]
+
+use loom::cell::UnsafeCell;
+use loom::sync::Arc;
+use loom::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use loom::thread;
+use vmfault::sync::rcu::{Rcu, RcuBox};
+use vmfault::sync::spin;
+use vmfault::sync::vma_state::VmaState;
+
+/// What the fault reads of a VMA besides its state (its range, its
+/// protection): freed memory once the VMA is reclaimed.
+struct Fields(UnsafeCell<u64>);
+
+// SAFETY: (model) accesses are ordered by the RCU protocol under test;
+// loom reports any that are not.
+unsafe impl Sync for Fields {}
+
+impl Drop for Fields {
+    fn drop(&mut self) {
+        // "Freeing" the VMA: a write that races any read still in flight.
+        self.0.with_mut(|p| unsafe { *p = 0xdead });
+    }
+}
+
+struct Vma {
+    state: VmaState,
+    fields: Fields,
+}
+
+const PRESENT: u64 = 1;
+const WRITABLE: u64 = 2;
+
+#[test]
+#[cfg_attr(vmfault_mutation = "spf_no_recheck", should_panic)]
+fn speculative_fault_racing_munmap_never_installs_into_a_removed_vma() {
+    model(|_| 0);
+}
+
+#[test]
+#[cfg_attr(vmfault_mutation = "spf_no_recheck", should_panic)]
+fn speculative_fault_racing_mprotect_never_leaves_a_writable_pte() {
+    // mprotect(PROT_READ): the writer narrows the PTE instead of clearing it.
+    model(|old| old & !WRITABLE);
+}
+
+#[test]
+#[cfg_attr(vmfault_mutation = "vma_retire_no_wait", should_panic)]
+fn vma_locked_fault_racing_munmap_never_installs_into_a_removed_vma() {
+    model_with(|_| 0, vma_locked_fault);
+}
+
+#[test]
+#[cfg_attr(vmfault_mutation = "vma_retire_no_wait", should_panic)]
+fn vma_locked_fault_racing_mprotect_never_leaves_a_writable_pte() {
+    model_with(|old| old & !WRITABLE, vma_locked_fault);
+}
+
+/// The speculative fault: checks, prepares, try-locks, re-checks, installs.
+fn speculative_fault(vma: &Vma, ptl: &AtomicU32, pte: &AtomicU64) {
+    if !vma.state.is_live() {
+        return;
+    }
+    // SAFETY: (model) the VMA cannot be freed inside our section.
+    let prot = vma.fields.0.with(|p| unsafe { *p });
+    assert_eq!(prot, 7, "read a freed VMA");
+    // (the page is allocated and zeroed here, lock-free)
+    let Some(guard) = spin::try_lock(ptl) else { return };
+    if !vma.state.still_live_under(&guard) {
+        return;
+    }
+    pte.store(PRESENT | WRITABLE, Ordering::Release);
+}
+
+/// The per-VMA lock fault: read-locks the VMA, then installs under the PTE
+/// lock with no re-check (the lock keeps the VMA from changing).
+fn vma_locked_fault(vma: &Vma, ptl: &AtomicU32, pte: &AtomicU64) {
+    if !vma.state.try_read_lock() {
+        return;
+    }
+    // SAFETY: (model) the VMA cannot be freed inside our section.
+    let prot = vma.fields.0.with(|p| unsafe { *p });
+    assert_eq!(prot, 7, "read a freed VMA");
+    {
+        let (_guard, _) = spin::lock(ptl);
+        pte.store(PRESENT | WRITABLE, Ordering::Release);
+    }
+    vma.state.read_unlock();
+}
+
+/// The race, with `writer_pte` what the writer makes of the PTE under the
+/// PTE lock (0: munmap's zap; narrowed: mprotect).
+fn model(writer_pte: fn(u64) -> u64) {
+    model_with(writer_pte, speculative_fault);
+}
+
+/// The race of `fault` (one of the two paths) with the writer.
+fn model_with(writer_pte: fn(u64) -> u64, fault: fn(&Vma, &AtomicU32, &AtomicU64)) {
+    loom::model(move || {
+        let (rcu, mut readers) = Rcu::new(2);
+        let rcu = Arc::new(rcu);
+        let index =
+            Arc::new(RcuBox::new(Some(Arc::new(Vma { state: VmaState::new(), fields: Fields(UnsafeCell::new(7)) }))));
+        let ptl = Arc::new(AtomicU32::new(0));
+        let pte = Arc::new(AtomicU64::new(0));
+        let r1 = readers.pop().unwrap();
+
+        let faulter = {
+            let (rcu, index, ptl, pte) = (rcu.clone(), index.clone(), ptl.clone(), pte.clone());
+            thread::spawn(move || {
+                let section = rcu.read_lock(&r1);
+                if let Some(vma) = index.read(&section).as_deref() {
+                    fault(vma, &ptl, &pte);
+                }
+            })
+        };
+
+        // The writer, under the map lock: retire, unpublish, change the PTE
+        // under its lock, then reclaim after a grace period.
+        let r0 = readers.pop().unwrap();
+        let old = {
+            let current = {
+                let g = rcu.read_lock(&r0);
+                index.read(&g).clone()
+            };
+            current.as_ref().expect("mapped").state.retire();
+            index.replace(&rcu, None)
+        };
+        {
+            let (_guard, _) = spin::lock(&ptl);
+            let old = pte.load(Ordering::Relaxed);
+            pte.store(writer_pte(old), Ordering::Relaxed);
+        }
+        let mut retired = vec![old];
+        drop(rcu.reclaim(&mut retired, true));
+        faulter.join().unwrap();
+        let left = pte.load(Ordering::Relaxed);
+        assert_eq!(left & WRITABLE, 0, "a writable PTE survived the change of its VMA");
+        assert_eq!(left, writer_pte(left), "a PTE was installed into a removed or changed VMA");
+    });
+}
