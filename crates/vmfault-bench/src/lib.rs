@@ -31,7 +31,7 @@ use std::collections::BTreeMap;
 use vmfault::{Vm, VmConfig};
 
 pub use harness::RoundResult;
-pub use results::{Comparison, Machine, Results, Row, Spread};
+pub use results::{ABORT_COUNTERS, Comparison, LOCKLESS_COUNTERS, Machine, Results, Row, Spread};
 use target::{HostTarget, VmTarget};
 pub use workload::{Sizes, Workload};
 

@@ -269,8 +269,33 @@ pub(crate) fn derive(rows: &mut [Row], sizes: &crate::Sizes) {
 }
 
 /// Per-fault counters worth a CSV column (and a table column when non-zero).
-pub const PER_FAULT_COLUMNS: [&str; 4] =
-    ["global_lock_acquisitions", "map_lock_acquisitions", "pte_lock_contended", "tlb_shootdowns"];
+pub const PER_FAULT_COLUMNS: [&str; 6] =
+    ["global_lock_acquisitions", "map_lock_acquisitions", "pte_lock_contended", "tlb_shootdowns", "spf", "vma_lock"];
+
+/// Faults that completed without the map lock, one counter per fault path.
+pub const LOCKLESS_COUNTERS: [&str; 2] = ["spf", "vma_lock"];
+
+/// Lockless faults that fell back to the map lock, one counter per reason
+/// (the seed's `spf_*` names; the per-VMA-lock path has one reason).
+pub const ABORT_COUNTERS: [&str; 7] = [
+    "spf_vma_changed",
+    "spf_vma_noanon",
+    "spf_vma_notsup",
+    "spf_vma_access",
+    "spf_pmd_changed",
+    "spf_nomem",
+    "vma_lock_fallbacks",
+];
+
+impl Row {
+    /// The sum of `keys` per fault; `None` when the row has no counters.
+    pub fn per_fault_sum(&self, keys: &[&str]) -> Option<f64> {
+        if self.per_fault.is_empty() {
+            return None;
+        }
+        Some(keys.iter().filter_map(|k| self.per_fault.get(*k)).sum())
+    }
+}
 
 impl Results {
     /// Write the JSON file.

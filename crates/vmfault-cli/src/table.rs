@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use vmfault_bench::{Plan, Results, Row, Workload};
+use vmfault_bench::{ABORT_COUNTERS, LOCKLESS_COUNTERS, Plan, Results, Row, Workload};
 
 /// A size in KiB, MiB or GiB.
 pub(crate) fn bytes(b: u64) -> String {
@@ -76,6 +76,8 @@ pub(crate) fn render(results: &Results, plan: &Plan) -> String {
         "glock/flt",
         "maplock/flt",
         "pte-wait/flt",
+        "lockless",
+        "aborts/flt",
     ];
     let mut lines: Vec<Vec<String>> = vec![header.iter().map(|s| s.to_string()).collect()];
     for r in results.rows.iter().filter(|r| r.workload != Workload::ZeroFill) {
@@ -94,6 +96,8 @@ pub(crate) fn render(results: &Results, plan: &Plan) -> String {
             pf("global_lock_acquisitions"),
             pf("map_lock_acquisitions"),
             pf("pte_lock_contended"),
+            opt(r.per_fault_sum(&LOCKLESS_COUNTERS), |v| format!("{:.1}%", v * 100.0)),
+            opt(r.per_fault_sum(&ABORT_COUNTERS), |v| format!("{v:.3}")),
         ]);
         if let Some(e) = &r.error {
             lines.push(vec![String::new(), format!("  error: {e}")]);
@@ -112,6 +116,7 @@ pub(crate) fn render(results: &Results, plan: &Plan) -> String {
             .collect();
         let _ = writeln!(out, "\nzero-fill limit over {} per thread, pages/s: {}", bytes(f), zf.join(", "));
     }
+    out.push_str(&aborts(results));
     if !results.comparisons.is_empty() {
         let _ = writeln!(out, "\ncomparisons (ops/s of b over a, round by round: median [min, max]):");
         let mut lines = vec![["workload", "thr", "knob", "a", "b", "ratio", "[min, max]"].map(String::from).to_vec()];
@@ -133,6 +138,24 @@ pub(crate) fn render(results: &Results, plan: &Plan) -> String {
         let _ = writeln!(out, "{}: {}", s.workload.name(), s.reason);
     }
     out
+}
+
+/// Lockless faults that fell back to the map lock, per reason and per 1000
+/// faults, for the rows that had any.
+fn aborts(results: &Results) -> String {
+    let rows: Vec<&Row> =
+        results.rows.iter().filter(|r| r.per_fault_sum(&ABORT_COUNTERS).is_some_and(|v| v > 0.0)).collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    let mut lines = vec![["workload", "system", "thr"].map(String::from).to_vec()];
+    lines[0].extend(ABORT_COUNTERS.iter().map(|c| c.to_string()));
+    for r in rows {
+        let mut l = vec![r.workload.name().to_string(), system(r), r.threads.to_string()];
+        l.extend(ABORT_COUNTERS.iter().map(|c| format!("{:.2}", r.per_fault.get(*c).copied().unwrap_or(0.0) * 1e3)));
+        lines.push(l);
+    }
+    format!("\nlockless faults that fell back to the map lock, per 1000 faults, by reason:\n{}", columns(&lines))
 }
 
 /// Left-aligned columns separated by two spaces.
