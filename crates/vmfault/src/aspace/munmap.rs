@@ -99,7 +99,7 @@ impl Space {
             let (first, last) = (carved[0].start, carved[carved.len() - 1].end);
             let floor = map.prev_of(first).map_or(0, |p| p.end);
             let ceiling = map.find_from(last).map_or(u64::MAX, |n| n.start);
-            self.pmap.prune(phys, floor, ceiling, frames);
+            self.pmap.prune(phys, first, last, floor, ceiling, frames);
         }
         ptes
     }

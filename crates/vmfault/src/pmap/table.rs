@@ -11,7 +11,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::pte::Pte;
-use super::radix::{INDEX_LIMIT, Leaf, OutOfFrames, Radix};
+use super::radix::{INDEX_LIMIT, Leaf, OutOfFrames, PruneRange, Radix};
 use crate::phys::{Frames, Kind, Pfn, PhysMem, WORDS};
 use crate::sync::spin::{self, WordGuard};
 use crate::types::{Access, PAGE_SHIFT, Prot};
@@ -126,16 +126,18 @@ impl Pmap {
         self.update_range(phys, start, end, |_, old| old.restricted(prot))
     }
 
-    /// Detach the page-table pages that lie wholly inside `floor..ceiling`
-    /// (addresses; a range no VMA touches) and push them onto `out`, to be
+    /// Detach the page-table pages that intersect `start..end` (the range
+    /// just unmapped) and lie wholly inside `floor..ceiling` (addresses; the
+    /// gap between the neighbouring VMAs), and push them onto `out`, to be
     /// freed after a grace period. Their PTEs must already be clear.
     ///
     /// The caller holds the map lock for writing, which excludes faults
     /// that could add a table in the range.
-    pub(crate) fn prune(&self, phys: &PhysMem, floor: u64, ceiling: u64, out: &mut Vec<Pfn>) {
+    pub(crate) fn prune(&self, phys: &PhysMem, start: u64, end: u64, floor: u64, ceiling: u64, out: &mut Vec<Pfn>) {
         let before = out.len();
-        let ceiling = if ceiling >= INDEX_LIMIT << PAGE_SHIFT { INDEX_LIMIT } else { vpn(ceiling) };
-        self.radix.prune(phys, vpn(floor), ceiling, out);
+        let index = |a: u64| if a >= INDEX_LIMIT << PAGE_SHIFT { INDEX_LIMIT } else { vpn(a) };
+        let range = PruneRange { start: index(start), end: index(end), floor: index(floor), ceiling: index(ceiling) };
+        self.radix.prune(phys, range, out);
         let freed = (out.len() - before) as u64;
         if freed > 0 {
             self.tables.fetch_sub(freed, Ordering::Relaxed);
@@ -184,7 +186,7 @@ mod tests {
         assert_eq!(pmap.zap(&phys, 0, 1 << 47, |a, p| seen.push((a, p.pfn()))), 1);
         assert_eq!(seen, vec![(addr, frame)]);
         let mut out = Vec::new();
-        pmap.prune(&phys, 0, 1 << 47, &mut out);
+        pmap.prune(&phys, addr, addr + 4096, 0, 1 << 47, &mut out);
         assert_eq!(out.len(), 3);
         assert_eq!(pmap.tables(), 1);
         out.push(frame);
