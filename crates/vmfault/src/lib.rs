@@ -26,12 +26,12 @@
 //!
 //! | layer | module | what |
 //! |---|---|---|
-//! | sync | [`sync`] | our RCU with a blocking `synchronize`, vCPU slots, the PTE word lock, the loom shim |
-//! | phys | `phys` | frame arena, 64-byte page descriptors, the global free list, the frame protocol |
+//! | sync | [`sync`] | our RCU with a blocking `synchronize`, vCPU slots, per-vCPU magazines with remote drain, the VMA state word (SPF sequence and per-VMA lock), the PTE word lock, the loom shim |
+//! | phys | `phys` | frame arena, 64-byte page descriptors, the global free stack, per-CPU page caches, the frame protocol |
 //! | pmap | `pmap` | frame-backed radix trees: page tables (PTE locks, zap, protect, prune) and object indexes |
 //! | object | `object` | VM objects owning pages by index (private and shared anonymous) |
-//! | aspace | `aspace` | [`AddressSpace`]: VMA index, one file per operation, the software MMU |
-//! | fault | `fault` | the fault path: classic (map lock), anonymous-page resolution |
+//! | aspace | `aspace` | [`AddressSpace`]: VMA index (and its RCU snapshot), one file per operation, the software MMU |
+//! | fault | `fault` | the fault path: classic (map lock), speculative, per-VMA lock; anonymous-page resolution shared by all three |
 //! | stats | [`stats`] | per-vCPU counters summed on read |
 //!
 //! Only `sync`, `phys` and `pmap` contain `unsafe`; every other module is
@@ -40,17 +40,24 @@
 //! ## Lock order (outer to inner)
 //!
 //! ```text
-//! address-space map lock [M]          (RwLock; faults read, changes write)
+//! address-space map lock [M]          (RwLock; classic faults read, changes write)
+//! ├── VMA read lock [V]               (VmaLock faults; a writer retires the VMA under [M]
+//! │   │                                and waits for its readers)
+//! │   └── PTE lock [P]
 //! └── anon lock                       (creation of private anonymous objects)
 //!     └── object lock [O]             (reserved: shadow chains, page renames)
 //!         └── page busy               (reserved: I/O on a page)
-//!             └── PTE lock [P]        (one word per page-table page)
+//!             └── PTE lock [P]        (one word per page-table page; speculative
+//!                 │                    faults only try-lock it, holding nothing else)
 //!                 └── free-list lock [F]
 //! ```
 //!
 //! RCU read-side sections are not locks but obey one rule: nothing inside a
 //! section waits for a lock that anyone holds while calling
-//! `synchronize()` (in particular, never the map lock).
+//! `synchronize()` (in particular, never the map lock). A vCPU's own
+//! per-CPU page cache is not a lock either: it is reached inside a section
+//! and swapped out from under it only by a remote drain, which then waits
+//! for a grace period (`sync::percpu`).
 //!
 //! ## Lock tags
 //!
@@ -59,7 +66,7 @@
 //! | tag | meaning |
 //! |---|---|
 //! | `[M]` | the address space's map lock |
-//! | `[V]` | the VMA's own lock |
+//! | `[V]` | the VMA's own read lock (`sync::vma_state`) |
 //! | `[O]` | the object's lock (or the object's insertion protocol, where noted) |
 //! | `[P]` | the PTE lock of the page-table page |
 //! | `[F]` | the global free-list lock |

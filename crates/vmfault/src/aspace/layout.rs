@@ -39,7 +39,7 @@ pub(crate) fn unmapped_area(tree: &VmaTree, hint: u64, len: u64) -> Option<u64> 
 /// The highest `len`-byte gap inside `low..high`.
 fn top_down(tree: &VmaTree, len: u64, low: u64, high: u64) -> Option<u64> {
     let mut gap_end = high;
-    for v in tree.iter().rev() {
+    for v in tree.iter_rev() {
         if v.start >= gap_end {
             continue;
         }

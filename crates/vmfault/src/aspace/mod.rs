@@ -3,7 +3,8 @@
 //! One file per operation: [`mmap`](mmap.rs), [`munmap`](munmap.rs),
 //! [`mprotect`](mprotect.rs), [`madvise`](madvise.rs), and the software MMU
 //! ([`access`](access.rs): `read`, `write`, `touch`). Placement of mappings
-//! is in `layout.rs`, the VMA index in `vma.rs`.
+//! is in `layout.rs`, the VMA index in `vma.rs` (over the persistent tree
+//! of `ptree.rs`).
 //!
 //! # Locking
 //! - The *map lock* (`[M]`, a reader-writer lock around the VMA index) is
@@ -29,6 +30,7 @@ mod madvise;
 mod mmap;
 mod mprotect;
 mod munmap;
+mod ptree;
 pub(crate) mod vma;
 
 use std::ops::{Deref, DerefMut};
@@ -46,6 +48,10 @@ use vma::{Snapshot, VmaTree};
 
 /// Retired snapshots that make an operation wait for a grace period.
 const SNAPSHOT_BACKLOG: usize = 32;
+
+/// Retired snapshots below which an operation does not look for any to
+/// free (looking costs more than the few versions it would free).
+const RECLAIM_BATCH: usize = 8;
 
 /// Linux's default `vm.max_map_count`.
 pub const MAX_MAP_COUNT: usize = 65530;
@@ -210,12 +216,29 @@ impl Space {
                 ctx.frames().free_after_grace(frames);
             }
         }
-        let mut list = std::mem::take(&mut *self.retired.lock().unwrap_or_else(|p| p.into_inner()));
-        if list.is_empty() {
+        let rcu = &self.vm.m.rcu;
+        let mut retired = self.retired.lock().unwrap_or_else(|p| p.into_inner());
+        if retired.is_empty() || (retired.len() < RECLAIM_BATCH && !objects_gone) {
             return;
         }
-        let wait = objects_gone || list.len() > SNAPSHOT_BACKLOG;
-        let done = self.vm.m.rcu.reclaim(&mut list, wait);
+        if !objects_gone && retired.len() <= SNAPSHOT_BACKLOG {
+            // Free what has aged past a grace period, without waiting (and
+            // outside the lock: dropping a version frees its unshared nodes).
+            // The list is in retirement order but for the rare re-appended
+            // tail, so if the oldest has not aged, nothing has.
+            if !rcu.elapsed(retired[0].cookie()) {
+                return;
+            }
+            let done = rcu.reclaim(&mut retired, false);
+            drop(retired);
+            drop(done);
+            return;
+        }
+        // Wait for a grace period, without the lock (writers push to it
+        // while holding the map lock).
+        let mut list = std::mem::take(&mut *retired);
+        drop(retired);
+        let done = rcu.reclaim(&mut list, true);
         if !list.is_empty() {
             self.retired.lock().unwrap_or_else(|p| p.into_inner()).append(&mut list);
         }

@@ -14,19 +14,20 @@
 //! and the same object, where a private VMA that has no object yet is
 //! compatible with any (Linux: `is_mergeable_anon_vma`).
 //!
-//! The index is a `BTreeMap` keyed by each VMA's end, so `range(addr+1..)`
-//! finds the first VMA ending above `addr`, which is Linux's `find_vma`.
+//! The index is keyed by each VMA's end, so the first entry above `addr`
+//! is the first VMA ending above `addr`, Linux's `find_vma`. It is a
+//! persistent tree (`ptree`): every version stays intact for the lockless
+//! readers that hold it, and publishing one is a pointer copy.
 
 #![deny(unsafe_code)]
 
-use std::collections::BTreeMap;
-use std::ops::Bound;
 use std::sync::{Arc, OnceLock};
 
 use bitflags::bitflags;
 
+use super::ptree::{Iter, PTree};
 use crate::object::Object;
-use crate::sync::CachePadded;
+use crate::sync::Isolated;
 use crate::sync::vma_state::VmaState;
 use crate::types::{MappingInfo, PAGE_SHIFT, Prot};
 
@@ -67,13 +68,14 @@ pub(crate) struct Vma {
     pub(crate) object: OnceLock<Arc<Object>>,
     /// `[a]` live or retired, and per-VMA readers (see `sync::vma_state`):
     /// retired, under the map lock, when the VMA leaves the index. On a
-    /// cache line of its own: every per-VMA-lock fault writes it, and
+    /// cache line of its own (padded, not aligned: see `Isolated`): every
+    /// per-VMA-lock fault writes it, and
     /// every lookup reads the fields above (of this and neighbouring VMAs).
     /// Sharing the line held VmaLock to 0.85x of MapLock on ebizzy -mT at 2
     /// and 8 vCPUs; on its own line it runs at 0.97x and 1.02x (9
     /// interleaved rounds). Linux keeps its per-VMA lock on a line of its
     /// own inside `vm_area_struct` for the same reason.
-    pub(crate) state: CachePadded<VmaState>,
+    pub(crate) state: Isolated<VmaState>,
 }
 
 impl Vma {
@@ -91,7 +93,7 @@ impl Vma {
         if let Some(o) = object {
             let _ = cell.set(o);
         }
-        Vma { start, end, prot, flags, pgoff, object: cell, state: CachePadded(VmaState::new()) }
+        Vma { start, end, prot, flags, pgoff, object: cell, state: Isolated::new(VmaState::new()) }
     }
 
     /// A copy of this VMA restricted to `start..end`, with `prot`/`flags`.
@@ -140,7 +142,7 @@ impl Vma {
 /// The VMAs of one address space, ordered by address (`[M]`).
 #[derive(Debug, Default)]
 pub(crate) struct VmaTree {
-    by_end: BTreeMap<u64, Arc<Vma>>,
+    by_end: PTree<Arc<Vma>>,
 }
 
 impl VmaTree {
@@ -151,7 +153,7 @@ impl VmaTree {
 
     /// The first VMA that ends above `addr` (it may start above it too).
     pub(crate) fn find_from(&self, addr: u64) -> Option<&Arc<Vma>> {
-        self.by_end.range((Bound::Excluded(addr), Bound::Unbounded)).next().map(|(_, v)| v)
+        self.by_end.first_above(addr).map(|(_, v)| v)
     }
 
     /// The VMA containing `addr`.
@@ -162,7 +164,7 @@ impl VmaTree {
 
     /// The last VMA that ends at or below `addr`.
     pub(crate) fn prev_of(&self, addr: u64) -> Option<&Arc<Vma>> {
-        self.by_end.range(..=addr).next_back().map(|(_, v)| v)
+        self.by_end.last_at_or_below(addr).map(|(_, v)| v)
     }
 
     /// Whether any VMA intersects `start..end`.
@@ -172,12 +174,17 @@ impl VmaTree {
 
     /// The VMAs intersecting `start..end`, in order.
     pub(crate) fn overlapping(&self, start: u64, end: u64) -> impl Iterator<Item = &Arc<Vma>> {
-        self.by_end.range((Bound::Excluded(start), Bound::Unbounded)).map(|(_, v)| v).take_while(move |v| v.start < end)
+        self.by_end.iter_above(start).map(|(_, v)| v).take_while(move |v| v.start < end)
     }
 
     /// All VMAs in address order.
-    pub(crate) fn iter(&self) -> impl DoubleEndedIterator<Item = &Arc<Vma>> {
-        self.by_end.values()
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Arc<Vma>> {
+        values(self.by_end.iter())
+    }
+
+    /// All VMAs, highest first.
+    pub(crate) fn iter_rev(&self) -> impl Iterator<Item = &Arc<Vma>> {
+        values(self.by_end.iter_rev())
     }
 
     /// Insert a VMA; it must not overlap any other.
@@ -189,7 +196,7 @@ impl VmaTree {
     /// Take a VMA out of the index and retire it (speculative faults on it
     /// abort from now on, read-lockers drain first).
     fn remove(&mut self, vma: &Vma) -> Arc<Vma> {
-        let v = self.by_end.remove(&vma.end).expect("VMA not in the index");
+        let v = self.by_end.remove(vma.end).expect("VMA not in the index");
         v.state.retire();
         v
     }
@@ -206,9 +213,10 @@ impl VmaTree {
         hit
     }
 
-    /// A snapshot of the index for lockless readers (sorted by address).
+    /// This version of the index, for lockless readers: O(1), it shares
+    /// every node with the index (see `ptree`).
     pub(crate) fn snapshot(&self) -> Snapshot {
-        Snapshot { vmas: self.by_end.values().cloned().collect() }
+        Snapshot { by_end: self.by_end.clone() }
     }
 
     /// Remove everything in `start..end`, splitting VMAs that straddle an
@@ -266,30 +274,33 @@ impl VmaTree {
 
     /// The `/proc/self/maps` view of every VMA.
     pub(crate) fn infos(&self) -> Vec<MappingInfo> {
-        self.by_end.values().map(|v| v.info()).collect()
+        self.iter().map(|v| v.info()).collect()
     }
 
     /// Remove and return every VMA.
     pub(crate) fn take_all(&mut self) -> Vec<Arc<Vma>> {
-        std::mem::take(&mut self.by_end).into_values().collect()
+        self.by_end.take_all()
     }
 }
 
-/// An immutable copy of the VMA index, published for lockless readers (the
-/// speculative and per-VMA-lock fault paths) and freed after a grace period
-/// once replaced. Its VMAs stay allocated while it exists.
+fn values<'a>(it: Iter<'a, Arc<Vma>>) -> impl Iterator<Item = &'a Arc<Vma>> {
+    it.map(|(_, v)| v)
+}
+
+/// A version of the VMA index, published for lockless readers (the
+/// speculative and per-VMA-lock fault paths) and dropped after a grace
+/// period once replaced. Its VMAs stay allocated while it exists.
 #[derive(Debug, Default)]
 pub(crate) struct Snapshot {
-    /// `[I]` the VMAs, sorted by address.
-    vmas: Vec<Arc<Vma>>,
+    /// `[I]` the VMAs by end address.
+    by_end: PTree<Arc<Vma>>,
 }
 
 impl Snapshot {
     /// The VMA containing `addr`, if any.
     #[inline]
     pub(crate) fn find(&self, addr: u64) -> Option<&Arc<Vma>> {
-        let i = self.vmas.partition_point(|v| v.end <= addr);
-        self.vmas.get(i).filter(|v| v.start <= addr)
+        self.by_end.first_above(addr).map(|(_, v)| v).filter(|v| v.start <= addr)
     }
 }
 

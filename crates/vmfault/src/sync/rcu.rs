@@ -83,6 +83,13 @@ pub struct Retired<T> {
     rcu: usize,
 }
 
+impl<T> Retired<T> {
+    /// When it was unlinked.
+    pub fn cookie(&self) -> GpCookie {
+        self.cookie
+    }
+}
+
 /// The right to enter read-side sections as one reader of an [`Rcu`].
 ///
 /// Exactly one exists per reader, created by [`Rcu::new`]; it is `Send` but
@@ -210,14 +217,16 @@ impl Rcu {
     /// with `wait`, first wait for one if any is still pending. Must not be
     /// called inside a read-side section when `wait` is set.
     pub fn reclaim<T>(&self, list: &mut Vec<Retired<T>>, wait: bool) -> Vec<T> {
-        assert!(list.iter().all(|r| r.rcu == self.id()), "Retired of another Rcu");
+        debug_assert!(list.iter().all(|r| r.rcu == self.id()), "Retired of another Rcu");
         if wait && list.iter().any(|r| !self.elapsed(r.cookie)) {
             self.synchronize();
         }
+        // One load for the whole list (Acquire, as in `elapsed`).
+        let done = self.gp_done.load(Ordering::Acquire);
         let mut out = Vec::new();
         let mut i = 0;
         while i < list.len() {
-            if self.elapsed(list[i].cookie) {
+            if done > list[i].cookie.0 {
                 let mut r = list.swap_remove(i);
                 // SAFETY: taken exactly once; `r` is dropped right after
                 // without touching `item` (`Retired` has no drop glue for it).
