@@ -1,6 +1,10 @@
 //! `vmfault`: measure vmfault's fault path against the host kernel and
 //! against its own baselines (`bench`), print every counter (`stat`), or
 //! watch the per-vCPU counters live (`top`).
+//!
+//! With `RUST_LOG` set (e.g. `RUST_LOG=vmfault::fault=debug`), vmfault's
+//! `tracing` events go to stderr: one per lockless fault that fell back to
+//! the map lock, with its reason.
 
 #![deny(unsafe_code)]
 
@@ -131,6 +135,13 @@ fn runnable_workload(name: Option<&str>, default: Workload) -> Result<Workload, 
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .with_ansi(false)
+            .init();
+    }
     let result = match cli.command {
         Command::Bench(a) => bench::run(a),
         Command::Stat(a) => stat::run(a),
