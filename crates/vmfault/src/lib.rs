@@ -41,8 +41,8 @@
 //!
 //! ```text
 //! address-space map lock [M]          (RwLock; classic faults read, changes write)
-//! ├── VMA read lock [V]               (VmaLock faults; a writer retires the VMA under [M]
-//! │   │                                and waits for its readers)
+//! ├── VMA read lock [V]               (VmaLock faults: a pin in the vCPU's RCU slot; a writer
+//! │   │                                retires the VMA under [M] and waits for the pins)
 //! │   └── PTE lock [P]
 //! └── anon lock                       (creation of private anonymous objects)
 //!     └── object lock [O]             (reserved: shadow chains, page renames)
@@ -53,8 +53,8 @@
 //! ```
 //!
 //! RCU read-side sections are not locks but obey one rule: nothing inside a
-//! section waits for a lock that anyone holds while calling
-//! `synchronize()` (in particular, never the map lock). A vCPU's own
+//! section waits for a lock that anyone holds while calling `synchronize()`
+//! or `wait_unpinned()` (in particular, never the map lock). A vCPU's own
 //! per-CPU page cache is not a lock either: it is reached inside a section
 //! and swapped out from under it only by a remote drain, which then waits
 //! for a grace period (`sync::percpu`).

@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::phys::{Frames, Kind, PhysMem};
 use crate::stats::{Counter, CounterSet, CpuCounters, CpuStats, Stats};
 use crate::sync::cpu::{Attachment, Claim, CpuSet};
-use crate::sync::rcu::{Rcu, RcuReadGuard, RcuReader};
+use crate::sync::rcu::{Rcu, RcuPin, RcuReadGuard, RcuReader};
 use crate::types::PAGE_SIZE;
 
 /// The shared part of a vCPU slot.
@@ -88,6 +88,13 @@ impl Ctx<'_> {
     #[inline]
     pub(crate) fn rcu_read(&self) -> RcuReadGuard<'_> {
         self.m.rcu.read_lock(&self.own.rcu)
+    }
+
+    /// Enter an RCU read-side section as this vCPU, pinning the page of
+    /// `addr` (`Rcu::pin`: the per-VMA read lock).
+    #[inline]
+    pub(crate) fn rcu_pin(&self, addr: u64) -> RcuPin<'_> {
+        self.m.rcu.pin(&self.own.rcu, addr)
     }
 
     /// A new object id, unique in this `Vm`, without a shared counter:

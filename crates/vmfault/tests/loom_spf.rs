@@ -15,10 +15,13 @@
 //! `--cfg vmfault_mutation="spf_no_recheck"` (the final re-check skipped)
 //! the first property fails.
 //!
-//! The per-VMA lock path races the same writers: its fault read-locks the
-//! VMA, takes the PTE lock (blocking) and installs without a re-check;
-//! the writer's `retire` waits for it. With
-//! `--cfg vmfault_mutation="vma_retire_no_wait"` that model fails.
+//! The per-VMA lock path races the same writers: its fault pins the
+//! faulting address in its RCU section (`Rcu::pin`), finds the VMA live
+//! (the read lock), takes the PTE lock (blocking) and installs without a
+//! re-check; the writer retires the VMA and waits for the pins in its range
+//! (`Rcu::wait_unpinned`). With `--cfg vmfault_mutation="vma_retire_no_wait"`
+//! (no wait) or `rcu_pin_late` (the pin published after the section's
+//! entry fence, so not ordered before the lookup) that model fails.
 #![cfg(loom)]
 
 use loom::cell::UnsafeCell;
@@ -66,16 +69,27 @@ fn speculative_fault_racing_mprotect_never_leaves_a_writable_pte() {
 }
 
 #[test]
-#[cfg_attr(vmfault_mutation = "vma_retire_no_wait", should_panic)]
+#[cfg_attr(any(vmfault_mutation = "vma_retire_no_wait", vmfault_mutation = "rcu_pin_late"), should_panic)]
 fn vma_locked_fault_racing_munmap_never_installs_into_a_removed_vma() {
-    model_with(|_| 0, vma_locked_fault);
+    model_with(|_| 0, Path::VmaLock);
 }
 
 #[test]
-#[cfg_attr(vmfault_mutation = "vma_retire_no_wait", should_panic)]
+#[cfg_attr(any(vmfault_mutation = "vma_retire_no_wait", vmfault_mutation = "rcu_pin_late"), should_panic)]
 fn vma_locked_fault_racing_mprotect_never_leaves_a_writable_pte() {
-    model_with(|old| old & !WRITABLE, vma_locked_fault);
+    model_with(|old| old & !WRITABLE, Path::VmaLock);
 }
+
+/// Which fault path the model runs.
+#[derive(Clone, Copy, PartialEq)]
+enum Path {
+    Speculative,
+    VmaLock,
+}
+
+/// The faulting address, and the VMA's range.
+const ADDR: u64 = 0x5000;
+const VMA: (u64, u64) = (0x4000, 0x8000);
 
 /// The speculative fault: checks, prepares, try-locks, re-checks, installs.
 fn speculative_fault(vma: &Vma, ptl: &AtomicU32, pte: &AtomicU64) {
@@ -93,30 +107,28 @@ fn speculative_fault(vma: &Vma, ptl: &AtomicU32, pte: &AtomicU64) {
     pte.store(PRESENT | WRITABLE, Ordering::Release);
 }
 
-/// The per-VMA lock fault: read-locks the VMA, then installs under the PTE
-/// lock with no re-check (the lock keeps the VMA from changing).
+/// The per-VMA lock fault, inside a section that pins `ADDR`: the VMA is
+/// read-locked if live; it installs under the PTE lock with no re-check
+/// (the lock keeps the VMA from changing).
 fn vma_locked_fault(vma: &Vma, ptl: &AtomicU32, pte: &AtomicU64) {
-    if !vma.state.try_read_lock() {
+    if !vma.state.is_live() {
         return;
     }
     // SAFETY: (model) the VMA cannot be freed inside our section.
     let prot = vma.fields.0.with(|p| unsafe { *p });
     assert_eq!(prot, 7, "read a freed VMA");
-    {
-        let (_guard, _) = spin::lock(ptl);
-        pte.store(PRESENT | WRITABLE, Ordering::Release);
-    }
-    vma.state.read_unlock();
+    let (_guard, _) = spin::lock(ptl);
+    pte.store(PRESENT | WRITABLE, Ordering::Release);
 }
 
 /// The race, with `writer_pte` what the writer makes of the PTE under the
 /// PTE lock (0: munmap's zap; narrowed: mprotect).
 fn model(writer_pte: fn(u64) -> u64) {
-    model_with(writer_pte, speculative_fault);
+    model_with(writer_pte, Path::Speculative);
 }
 
-/// The race of `fault` (one of the two paths) with the writer.
-fn model_with(writer_pte: fn(u64) -> u64, fault: fn(&Vma, &AtomicU32, &AtomicU64)) {
+/// The race of a fault on `path` with the writer.
+fn model_with(writer_pte: fn(u64) -> u64, path: Path) {
     loom::model(move || {
         let (rcu, mut readers) = Rcu::new(2);
         let rcu = Arc::new(rcu);
@@ -128,10 +140,18 @@ fn model_with(writer_pte: fn(u64) -> u64, fault: fn(&Vma, &AtomicU32, &AtomicU64
 
         let faulter = {
             let (rcu, index, ptl, pte) = (rcu.clone(), index.clone(), ptl.clone(), pte.clone());
-            thread::spawn(move || {
-                let section = rcu.read_lock(&r1);
-                if let Some(vma) = index.read(&section).as_deref() {
-                    fault(vma, &ptl, &pte);
+            thread::spawn(move || match path {
+                Path::Speculative => {
+                    let section = rcu.read_lock(&r1);
+                    if let Some(vma) = index.read(&section).as_deref() {
+                        speculative_fault(vma, &ptl, &pte);
+                    }
+                }
+                Path::VmaLock => {
+                    let pin = rcu.pin(&r1, ADDR);
+                    if let Some(vma) = index.read(&pin).as_deref() {
+                        vma_locked_fault(vma, &ptl, &pte);
+                    }
                 }
             })
         };
@@ -145,6 +165,9 @@ fn model_with(writer_pte: fn(u64) -> u64, fault: fn(&Vma, &AtomicU32, &AtomicU64
                 index.read(&g).clone()
             };
             current.as_ref().expect("mapped").state.retire();
+            if path == Path::VmaLock {
+                rcu.wait_unpinned(VMA.0, VMA.1);
+            }
             index.replace(&rcu, None)
         };
         {

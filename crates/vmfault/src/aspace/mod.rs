@@ -44,7 +44,7 @@ use crate::stats::Counter;
 use crate::sync::rcu::{RcuBox, RcuReadGuard, Retired};
 use crate::types::MappingInfo;
 use crate::vm::{Ctx, Vm};
-use vma::{Snapshot, VmaTree};
+use vma::{Snapshot, Vma, VmaTree};
 
 /// Retired snapshots that make an operation wait for a grace period.
 const SNAPSHOT_BACKLOG: usize = 32;
@@ -105,6 +105,11 @@ pub(crate) struct Space {
 /// The map lock held for writing. Any mutable use of the index marks it
 /// changed; dropping the guard then publishes a new snapshot for lockless
 /// faults (before the lock is released).
+///
+/// Its `carve` and `renew` wrap the index's `*_no_wait` ones: after retiring the VMAs
+/// they replace, they wait for the per-VMA read-lockers still inside them
+/// (`sync::vma_state`), because their callers go on to change the PTEs
+/// those VMAs mapped. Merges need no wait: they change no PTE.
 pub(crate) struct MapWrite<'a> {
     space: &'a Space,
     guard: RwLockWriteGuard<'a, VmaTree>,
@@ -122,6 +127,44 @@ impl DerefMut for MapWrite<'_> {
     fn deref_mut(&mut self) -> &mut VmaTree {
         self.changed = true;
         &mut self.guard
+    }
+}
+
+impl MapWrite<'_> {
+    /// [`VmaTree::carve_no_wait`], then wait for the read-lockers of the VMAs it
+    /// removed or split.
+    pub(crate) fn carve(&mut self, start: u64, end: u64) -> Vec<Arc<Vma>> {
+        let span = self.span(start, end);
+        let carved = self.deref_mut().carve_no_wait(start, end);
+        self.wait_readers(span);
+        carved
+    }
+
+    /// [`VmaTree::renew_no_wait`], then wait for the read-lockers of the VMAs it
+    /// replaced.
+    pub(crate) fn renew(&mut self, start: u64, end: u64) -> Vec<Arc<Vma>> {
+        let span = self.span(start, end);
+        let renewed = self.deref_mut().renew_no_wait(start, end);
+        self.wait_readers(span);
+        renewed
+    }
+
+    /// The union of `start..end` and the VMAs overlapping it (what a carve
+    /// or renew of the range retires), if there are any.
+    fn span(&self, start: u64, end: u64) -> Option<(u64, u64)> {
+        let mut hit = self.guard.overlapping(start, end);
+        let first = hit.next()?;
+        let last = hit.last().unwrap_or(first);
+        Some((first.start.min(start), last.end.max(end)))
+    }
+
+    /// Wait for faults holding the read lock of a VMA retired in `span`.
+    fn wait_readers(&self, span: Option<(u64, u64)>) {
+        if let Some((start, end)) = span
+            && self.space.vm.m.config.fault_path == FaultPath::VmaLock
+        {
+            self.space.vm.m.rcu.wait_unpinned(start, end);
+        }
     }
 }
 

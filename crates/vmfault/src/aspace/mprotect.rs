@@ -15,8 +15,8 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use super::vma::{Vma, VmaFlags, VmaTree};
-use super::{AddressSpace, Space};
+use super::vma::{Vma, VmaFlags};
+use super::{AddressSpace, MapWrite, Space};
 use crate::error::{Error, Op, Result};
 use crate::stats::Counter;
 use crate::types::{Prot, is_page_aligned, page_align_up};
@@ -106,7 +106,7 @@ impl Space {
     pub(super) fn modify_range_locked(
         &self,
         ctx: &Ctx<'_>,
-        map: &mut VmaTree,
+        map: &mut MapWrite<'_>,
         op: Op,
         range: Range<u64>,
         mut f: impl FnMut(&Vma) -> (Prot, VmaFlags),

@@ -27,7 +27,6 @@ use bitflags::bitflags;
 
 use super::ptree::{Iter, PTree};
 use crate::object::Object;
-use crate::sync::Isolated;
 use crate::sync::vma_state::VmaState;
 use crate::types::{MappingInfo, PAGE_SHIFT, Prot};
 
@@ -66,16 +65,12 @@ pub(crate) struct Vma {
     /// `[a]` set once: the object. Shared mappings get it at mmap; private
     /// anonymous memory at its first write fault, under the space's anon lock.
     pub(crate) object: OnceLock<Arc<Object>>,
-    /// `[a]` live or retired, and per-VMA readers (see `sync::vma_state`):
-    /// retired, under the map lock, when the VMA leaves the index. On a
-    /// cache line of its own (padded, not aligned: see `Isolated`): every
-    /// per-VMA-lock fault writes it, and
-    /// every lookup reads the fields above (of this and neighbouring VMAs).
-    /// Sharing the line held VmaLock to 0.85x of MapLock on ebizzy -mT at 2
-    /// and 8 vCPUs; on its own line it runs at 0.97x and 1.02x (9
-    /// interleaved rounds). Linux keeps its per-VMA lock on a line of its
-    /// own inside `vm_area_struct` for the same reason.
-    pub(crate) state: Isolated<VmaState>,
+    /// `[a]` live or retired (see `sync::vma_state`): retired, under the
+    /// map lock, when the VMA leaves the index. Faults only read it (the
+    /// per-VMA read lock is a pin in the reader's own RCU slot), so it needs
+    /// no line of its own; when every VmaLock fault wrote a reader count
+    /// here, the line had to be padded away from the fields above.
+    pub(crate) state: VmaState,
 }
 
 impl Vma {
@@ -93,7 +88,7 @@ impl Vma {
         if let Some(o) = object {
             let _ = cell.set(o);
         }
-        Vma { start, end, prot, flags, pgoff, object: cell, state: Isolated::new(VmaState::new()) }
+        Vma { start, end, prot, flags, pgoff, object: cell, state: VmaState::new() }
     }
 
     /// A copy of this VMA restricted to `start..end`, with `prot`/`flags`.
@@ -193,8 +188,10 @@ impl VmaTree {
         self.by_end.insert(vma.end, vma);
     }
 
-    /// Take a VMA out of the index and retire it (speculative faults on it
-    /// abort from now on, read-lockers drain first).
+    /// Take a VMA out of the index and retire it: speculative faults and
+    /// read-lockers that look at it from now on fail. Those already holding
+    /// its read lock are waited for by `MapWrite::carve`/`renew`, before
+    /// anything it mapped changes.
     fn remove(&mut self, vma: &Vma) -> Arc<Vma> {
         let v = self.by_end.remove(vma.end).expect("VMA not in the index");
         v.state.retire();
@@ -204,7 +201,8 @@ impl VmaTree {
     /// Replace every VMA intersecting `start..end` by an identical copy,
     /// retiring the old ones: for operations that change what a VMA maps
     /// without changing the VMA (`MADV_DONTNEED`). Returns the old ones.
-    pub(crate) fn renew(&mut self, start: u64, end: u64) -> Vec<Arc<Vma>> {
+    /// Does not wait for their read-lockers: `MapWrite::renew` does.
+    pub(crate) fn renew_no_wait(&mut self, start: u64, end: u64) -> Vec<Arc<Vma>> {
         let hit: Vec<Arc<Vma>> = self.overlapping(start, end).cloned().collect();
         for v in &hit {
             self.remove(v);
@@ -221,8 +219,9 @@ impl VmaTree {
 
     /// Remove everything in `start..end`, splitting VMAs that straddle an
     /// edge (their outside parts stay, as new VMAs). Returns the removed
-    /// parts, clipped to the range, in address order.
-    pub(crate) fn carve(&mut self, start: u64, end: u64) -> Vec<Arc<Vma>> {
+    /// parts, clipped to the range, in address order. Does not wait for
+    /// the read-lockers of the retired VMAs: `MapWrite::carve` does.
+    pub(crate) fn carve_no_wait(&mut self, start: u64, end: u64) -> Vec<Arc<Vma>> {
         let hit: Vec<Arc<Vma>> = self.overlapping(start, end).cloned().collect();
         let mut removed = Vec::with_capacity(hit.len());
         for v in hit {
@@ -328,13 +327,13 @@ mod tests {
         assert_eq!(t.find_from(25 * P).map(|v| v.start), Some(30 * P));
         assert!(t.intersects(19 * P, 31 * P));
         assert!(!t.intersects(20 * P, 30 * P));
-        let removed = t.carve(15 * P, 35 * P);
+        let removed = t.carve_no_wait(15 * P, 35 * P);
         assert_eq!(removed.iter().map(|v| (v.start / P, v.end / P)).collect::<Vec<_>>(), vec![(15, 20), (30, 35)]);
         assert_eq!(ranges(&t), vec![(10, 15), (35, 40)]);
         // The right part keeps a contiguous page offset.
         assert_eq!(t.find(35 * P).unwrap().pgoff, 35);
         // Carving from the middle splits in three.
-        let removed = t.carve(11 * P, 12 * P);
+        let removed = t.carve_no_wait(11 * P, 12 * P);
         assert_eq!(removed.len(), 1);
         assert_eq!(ranges(&t), vec![(10, 11), (12, 15), (35, 40)]);
     }
@@ -348,9 +347,9 @@ mod tests {
         assert_eq!(snap.find(15 * P).map(|v| v.start), Some(10 * P));
         assert!(snap.find(25 * P).is_none() && snap.find(40 * P).is_none());
         let old = snap.find(35 * P).unwrap().clone();
-        t.carve(30 * P, 35 * P);
+        t.carve_no_wait(30 * P, 35 * P);
         assert!(!old.state.is_live(), "a VMA leaving the index is retired");
-        let renewed = t.renew(0, 100 * P);
+        let renewed = t.renew_no_wait(0, 100 * P);
         assert_eq!(renewed.len(), 2);
         assert!(renewed.iter().all(|v| !v.state.is_live()));
         assert!(t.iter().all(|v| v.state.is_live()));

@@ -26,13 +26,15 @@
 //! `Speculative`, because it was the fastest on our benchmarks. On this
 //! project's 2-CPU machine (`vmfault bench page_fault1 pft ebizzy
 //! --threads 1,2,8 --compare fault_path=maplock,spf,vmalock --rounds 9`),
-//! over MapLock: ebizzy -mT 1.11x at 2 vCPUs and 1.10-1.17x at 8;
-//! page_fault1 and pft 1.00-1.06x. VmaLock ran at 0.95-1.02x of MapLock
-//! there: each of its faults writes the VMA's lock word twice, and the
-//! threads of these workloads fault in one (merged) VMA, so that line
-//! moves between CPUs as the map lock's own word does; the speculative
-//! path only reads the VMA's state. VmaLock still gains where map writers
-//! would block faulters of other VMAs.
+//! over MapLock, speculative / per-VMA lock: page_fault1 1.10/1.05x at
+//! 1 vCPU, 1.10/1.06x at 2, 1.03/0.98x at 8; pft 1.03/1.01x, 1.06/1.05x,
+//! 1.06/1.04x; ebizzy -mT 1.01/0.95x, 1.11/1.05x, 1.13/1.14x. The per-VMA
+//! lock costs a fault one store to its own RCU slot (see `sync::vma_state`),
+//! but it waits for the PTE lock where the speculative path only tries it,
+//! and munmap pays a scan of the pins; at one vCPU it is the slowest of the
+//! three on ebizzy. Both lockless paths make mmap and munmap dearer (a new
+//! VMA snapshot is published per change: mmap1 and brk1 run at 0.68-0.82x
+//! of MapLock), which the fault-heavy workloads more than repay.
 
 #![deny(unsafe_code)]
 

@@ -1,13 +1,15 @@
 //! The per-VMA lock fault path (protocol 4 of shared/DESIGN.md; Linux's
 //! `lock_vma_under_rcu`, merged in 6.4).
 //!
-//! Inside one RCU read-side section: find the VMA in the published
-//! snapshot and take its read lock (`VmaState::try_read_lock`, which fails
-//! once the VMA is retired). Writers retire a VMA and wait for its readers
-//! before they change anything it maps, so while the lock is held the VMA
-//! is stable and the fault runs as the classic one does, without
-//! speculation: it may allocate page-table levels (no munmap can prune them
-//! meanwhile) and report SIGSEGV for a denied access itself.
+//! Inside one RCU read-side section that pins the faulting address
+//! (`Rcu::pin`): find the VMA in the published snapshot and check it is
+//! live (`VmaState::is_live_pinned`): that is the read lock. Writers retire
+//! a VMA and wait for the pins in its range before they change anything it
+//! maps, so while the lock is held the VMA is stable and the fault runs as
+//! the classic one does, without speculation: it may allocate page-table
+//! levels (no munmap can prune them meanwhile) and report SIGSEGV for a
+//! denied access itself. The lock is held from the lookup to the install;
+//! it costs the fault one store to its own slot (see `sync::vma_state`).
 //!
 //! It falls back to the map lock when the VMA is missing or retired, and
 //! when it has no object yet (as Linux's first version did when
@@ -32,20 +34,17 @@ pub(super) fn fault(
     fault: Fault,
     f: &mut impl FnMut(Pfn),
 ) -> Result<Result<Resolved>, Abort> {
-    let phys = &ctx.m.phys;
     let frames = ctx.frames();
-    let section = ctx.rcu_read();
-    let vma = space.snapshot(&section).find(fault.addr).ok_or(Abort::NoVma)?;
-    // Protection and object are fixed for a VMA's life (a change replaces
-    // it), so they can be read before locking it.
+    let pin = ctx.rcu_pin(fault.addr);
+    let vma = space.snapshot(&pin).find(fault.addr).ok_or(Abort::NoVma)?;
+    if !vma.state.is_live_pinned(&pin) {
+        return Err(Abort::VmaChanged);
+    }
     let allocate = anon::may_allocate(ctx, vma, &fault);
     let object = vma.object.get();
     if allocate && object.is_none() {
         return Err(Abort::NoAnon);
     }
-    // Prepare a page before taking the lock: writers that retire this VMA
-    // wait for its readers, so the lock is held only for the install, not
-    // for the zeroing. (The object index is never pruned: safe unlocked.)
     let pindex = vma.pindex(fault.addr);
     let mut fresh = None;
     if allocate && vma.prot.allows(fault.access) {
@@ -53,19 +52,11 @@ pub(super) fn fault(
         if o.lookup(pindex).is_none() {
             o.reserve(&frames, pindex).map_err(|_| Abort::NoMem)?;
             let mut frame = frames.alloc().ok_or(Abort::NoMem)?;
-            phys.zero(&mut frame);
+            ctx.m.phys.zero(&mut frame);
             fresh = Some(frame);
         }
     }
-    if !vma.state.try_read_lock() {
-        if let Some(frame) = fresh {
-            frames.free_owned(frame);
-        }
-        return Err(Abort::VmaChanged);
-    }
-    let r = locked(ctx, space, vma, &frames, Commit { object, pindex, existing: None, fresh }, fault, f);
-    vma.state.read_unlock();
-    r
+    locked(ctx, space, vma, &frames, Commit { object, pindex, existing: None, fresh }, fault, f)
 }
 
 /// The install with `vma` read-locked (stable: its range cannot be pruned,

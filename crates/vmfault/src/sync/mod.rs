@@ -93,36 +93,3 @@ impl<T> std::ops::Deref for CachePadded<T> {
         &self.0
     }
 }
-
-/// Keeps a value 128 bytes away from anything else, like [`CachePadded`],
-/// but by padding on both sides instead of by alignment: for objects that
-/// are allocated often, since an over-aligned allocation takes glibc's
-/// `memalign` path (it was 18% of `brk1`'s instructions when every VMA
-/// was `CachePadded`). Costs 256 bytes per value.
-#[derive(Default)]
-#[repr(C)]
-pub(crate) struct Isolated<T> {
-    before: [u64; 16],
-    value: T,
-    after: [u64; 16],
-}
-
-impl<T> Isolated<T> {
-    /// Wrap `value`.
-    pub(crate) fn new(value: T) -> Self {
-        Isolated { before: [0; 16], value, after: [0; 16] }
-    }
-}
-
-impl<T: std::fmt::Debug> std::fmt::Debug for Isolated<T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.value.fmt(f)
-    }
-}
-
-impl<T> std::ops::Deref for Isolated<T> {
-    type Target = T;
-    fn deref(&self) -> &T {
-        &self.value
-    }
-}

@@ -45,6 +45,20 @@
 //! (`poll_state_synchronize_rcu`), so every `synchronize()`, whoever calls
 //! it, moves reclamation on. [`RcuBox`] is a published pointer built on it.
 //!
+//! # Pins: per-object read locks without a shared write
+//! [`Rcu::pin`] enters a section that also publishes one page address in
+//! the reader's own slot, *before* the section's entry fence; the pin is
+//! cleared (Release) when the section ends. A writer that has made an
+//! object unreachable or marked it dead calls [`Rcu::wait_unpinned`] over
+//! the object's address range: a fence, then, for every reader whose pin
+//! lies in the range, a wait until that pin changes. The same fence pairing
+//! as above decides: either the pinned reader sees the writer's mark after
+//! its fence, or the writer sees the pin and waits for the reader to leave.
+//! This is how the per-VMA read lock of the `VmaLock` fault path is built
+//! (see `sync::vma_state`): it costs a fault one plain store before the
+//! fence it already pays, where a reader count in the VMA would cost two
+//! atomic read-modify-writes on a line every faulting vCPU shares.
+//!
 //! The loom model `tests/loom_rcu.rs` checks the reader/writer pairing, and
 //! fails when the grace period is skipped (`--cfg vmfault_mutation="rcu_no_grace"`)
 //! or when the reader's fence is removed (`--cfg vmfault_mutation="rcu_no_reader_fence"`).
@@ -57,12 +71,30 @@ use std::mem::ManuallyDrop;
 use super::CachePadded;
 use super::atomic::{AtomicPtr, AtomicU64, Ordering, fence};
 
+/// What a reader's pin word holds when it pins nothing: its page part lies
+/// above every user address.
+const NO_PIN: u64 = u64::MAX;
+/// The low bits of a pin word: a per-reader generation, so a writer can
+/// tell a new pin of the same page from the one it is waiting for.
+const PIN_GEN: u64 = 0xfff;
+
+/// One reader's words, on a cache line of their own.
+#[derive(Debug)]
+struct Slot {
+    /// `[a]` odd inside a read-side section. Written only by the reader that
+    /// owns it, read by `synchronize`.
+    count: AtomicU64,
+    /// `[a]` the page the owner pins ([`Rcu::pin`]), its low bits a
+    /// generation, or `NO_PIN`. Written only by the owner (Relaxed, before
+    /// its entry fence; Release when it ends), read by `wait_unpinned`.
+    pin: AtomicU64,
+}
+
 /// A set of readers and the grace-period machinery over them.
 #[derive(Debug)]
 pub struct Rcu {
-    /// One counter per reader; odd inside a read-side section.
-    /// `[a]`: written only by the reader that owns it, read by `synchronize`.
-    counters: Box<[CachePadded<AtomicU64>]>,
+    /// One slot per reader.
+    slots: Box<[CachePadded<Slot>]>,
     /// `[a]` grace periods started (incremented, SeqCst, when one starts).
     gp_started: CachePadded<AtomicU64>,
     /// `[a]` the highest grace period completed (Release, pairs with the
@@ -102,6 +134,33 @@ pub struct RcuReader {
     owner: usize,
     /// `[o]` nesting depth of read-side sections.
     nesting: Cell<u32>,
+    /// `[o]` pins taken so far (the generation in the pin word).
+    pins: Cell<u64>,
+}
+
+/// A read-side section that pins a page ([`Rcu::pin`]); unpins and ends
+/// when dropped. Usable wherever a section is.
+#[derive(Debug)]
+#[must_use = "the pin and the section end when the guard is dropped"]
+pub struct RcuPin<'a> {
+    section: RcuReadGuard<'a>,
+}
+
+impl<'a> std::ops::Deref for RcuPin<'a> {
+    type Target = RcuReadGuard<'a>;
+    fn deref(&self) -> &RcuReadGuard<'a> {
+        &self.section
+    }
+}
+
+impl Drop for RcuPin<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        // Release: what the section did under the pin happens-before a
+        // `wait_unpinned` that sees the pin gone. The section ends after.
+        let s = &self.section;
+        s.rcu.slots[s.reader.index].pin.store(NO_PIN, Ordering::Release);
+    }
 }
 
 /// A read-side section; ends when dropped.
@@ -121,10 +180,12 @@ thread_local! {
 impl Rcu {
     /// An RCU with `readers` readers, and the reader handles.
     pub fn new(readers: usize) -> (Rcu, Vec<RcuReader>) {
-        let counters: Box<[CachePadded<AtomicU64>]> = (0..readers).map(|_| CachePadded(AtomicU64::new(0))).collect();
-        let owner = counters.as_ptr() as usize;
-        let handles = (0..readers).map(|index| RcuReader { index, owner, nesting: Cell::new(0) }).collect();
-        let rcu = Rcu { counters, gp_started: CachePadded(AtomicU64::new(0)), gp_done: CachePadded(AtomicU64::new(0)) };
+        let slots: Box<[CachePadded<Slot>]> =
+            (0..readers).map(|_| CachePadded(Slot { count: AtomicU64::new(0), pin: AtomicU64::new(NO_PIN) })).collect();
+        let owner = slots.as_ptr() as usize;
+        let handles =
+            (0..readers).map(|index| RcuReader { index, owner, nesting: Cell::new(0), pins: Cell::new(0) }).collect();
+        let rcu = Rcu { slots, gp_started: CachePadded(AtomicU64::new(0)), gp_done: CachePadded(AtomicU64::new(0)) };
         (rcu, handles)
     }
 
@@ -135,10 +196,10 @@ impl Rcu {
     /// inside a section stays valid until the section ends.
     #[inline]
     pub fn read_lock<'a>(&'a self, reader: &'a RcuReader) -> RcuReadGuard<'a> {
-        assert_eq!(reader.owner, self.counters.as_ptr() as usize, "RcuReader used with another Rcu");
+        assert_eq!(reader.owner, self.id(), "RcuReader used with another Rcu");
         let depth = reader.nesting.get();
         if depth == 0 {
-            let c = &self.counters[reader.index];
+            let c = &self.slots[reader.index].count;
             // Only this reader writes its counter, so load + store suffices.
             let v = c.load(Ordering::Relaxed);
             debug_assert!(v & 1 == 0, "reader counter odd outside a section");
@@ -177,7 +238,8 @@ impl Rcu {
         let seq = self.gp_started.fetch_add(1, Ordering::SeqCst) + 1;
         // Pairs with the fence in `read_lock`.
         fence(Ordering::SeqCst);
-        for c in self.counters.iter() {
+        for slot in self.slots.iter() {
+            let c = &slot.count;
             // Acquire pairs with the Release store that ends the section.
             let v = c.load(Ordering::Acquire);
             if v & 1 == 1 {
@@ -238,20 +300,74 @@ impl Rcu {
         out
     }
 
+    /// Enter a read-side section as `reader` that pins the page of `addr`
+    /// until it ends: a [`wait_unpinned`](Rcu::wait_unpinned) over a range
+    /// holding that page waits for the section, unless the section saw
+    /// what the waiter did before it waited. One pin per reader at a time.
+    #[inline]
+    pub fn pin<'a>(&'a self, reader: &'a RcuReader, addr: u64) -> RcuPin<'a> {
+        let slot = &self.slots[reader.index];
+        debug_assert_eq!(slot.pin.load(Ordering::Relaxed), NO_PIN, "a reader pins one page at a time");
+        let generation = reader.pins.get().wrapping_add(1);
+        reader.pins.set(generation);
+        let word = (addr & !PIN_GEN) | (generation & PIN_GEN);
+        if cfg!(vmfault_mutation = "rcu_pin_late") {
+            // Mutation for the loom model: the pin published after the
+            // entry fence, so nothing orders it before the section's loads.
+            let section = self.read_lock(reader);
+            slot.pin.store(word, Ordering::Relaxed);
+            return RcuPin { section };
+        }
+        // Relaxed: the entry fence below (or the one of `read_lock`) orders
+        // it before every load of the section.
+        slot.pin.store(word, Ordering::Relaxed);
+        let nested = reader.in_section();
+        let section = self.read_lock(reader);
+        if nested {
+            // `read_lock` fences only the outermost section.
+            fence(Ordering::SeqCst);
+        }
+        RcuPin { section }
+    }
+
+    /// Wait until no section pins a page in `start..end` that it pinned
+    /// before this call: call it after marking what those sections must
+    /// see (a VMA retired), and before changing what they may still use.
+    /// Must not be called while the calling thread holds a pin.
+    pub fn wait_unpinned(&self, start: u64, end: u64) {
+        if cfg!(vmfault_mutation = "vma_retire_no_wait") {
+            // Mutation for the loom model: the writer does not wait.
+            return;
+        }
+        // Pairs with the entry fence of `pin`'s section: either that
+        // section sees the caller's mark, or this sees its pin.
+        fence(Ordering::SeqCst);
+        for slot in self.slots.iter() {
+            // Acquire pairs with the Release that clears the pin.
+            let p = slot.pin.load(Ordering::Acquire);
+            if (start..end).contains(&(p & !PIN_GEN)) {
+                let mut spins = 0;
+                while slot.pin.load(Ordering::Acquire) == p {
+                    super::backoff(&mut spins);
+                }
+            }
+        }
+    }
+
     /// An identity for this `Rcu` (stable for its lifetime).
     pub fn id(&self) -> usize {
-        self.counters.as_ptr() as usize
+        self.slots.as_ptr() as usize
     }
 
     /// Number of readers.
     pub fn readers(&self) -> usize {
-        self.counters.len()
+        self.slots.len()
     }
 
     /// Whether `reader` is outside any read-side section right now (a
     /// snapshot, for statistics and tests).
     pub fn is_quiescent(&self, reader: usize) -> bool {
-        self.counters[reader].load(Ordering::Relaxed) & 1 == 0
+        self.slots[reader].count.load(Ordering::Relaxed) & 1 == 0
     }
 }
 
@@ -332,7 +448,7 @@ impl Drop for RcuReadGuard<'_> {
         #[cfg(all(debug_assertions, not(loom)))]
         SECTIONS.with(|s| s.set(s.get() - 1));
         if depth == 0 {
-            let c = &self.rcu.counters[self.reader.index];
+            let c = &self.rcu.slots[self.reader.index].count;
             let v = c.load(Ordering::Relaxed);
             // Release: everything done inside the section happens-before a
             // `synchronize` that observes the even value.
