@@ -26,6 +26,8 @@ pub enum Op {
     Write,
     /// A single access through [`AddressSpace::touch`](crate::AddressSpace::touch).
     Touch,
+    /// [`AddressSpace::fork`](crate::AddressSpace::fork).
+    Fork,
     /// [`Vm::new`](crate::Vm::new).
     NewVm,
     /// [`Vm::new_space`](crate::Vm::new_space).
@@ -40,6 +42,7 @@ impl fmt::Display for Op {
             Op::Mmap => "mmap",
             Op::Munmap => "munmap",
             Op::Mprotect => "mprotect",
+            Op::Fork => "fork",
             Op::Madvise => "madvise",
             Op::Read => "read",
             Op::Write => "write",

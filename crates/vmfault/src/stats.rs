@@ -128,6 +128,7 @@ stats! {
         zero_page_maps: "read faults satisfied by mapping the shared zero page",
         page_maps: "faults that mapped a page already resident in its object",
         write_upgrades: "write faults that only made an existing PTE writable",
+        cow_faults: "write faults that copied a page shared with the other side of a fork",
         fault_races: "faults that found the PTE already installed by another vCPU",
         segv: "faults that ended in SIGSEGV",
         fault_nomem: "faults that failed for lack of frames",
@@ -141,6 +142,8 @@ stats! {
         mprotect_calls: "mprotect calls",
         madvise_calls: "madvise calls",
         pages_unmapped: "PTEs cleared by munmap, madvise and mprotect(PROT_NONE)",
+        forks: "address spaces forked",
+        shadow_collapses: "backing objects absorbed by their one remaining shadow object",
     }
 }
 

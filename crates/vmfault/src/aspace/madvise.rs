@@ -106,6 +106,7 @@ impl Space {
             // The pages change under the VMAs: replace them, so that a
             // speculative fault that found a page before we took it out of
             // its object aborts instead of mapping it.
+            self.reserve_holes_locked(ctx, &map, Op::Madvise, start, end)?;
             let renewed = map.renew(start, end);
             let r = walk(Op::Madvise, &map, start, end, |v, s, e| {
                 let n = self.pmap.zap(phys, s, e, |_, _| {});
@@ -114,7 +115,7 @@ impl Space {
                 if !v.is_shared()
                     && let Some(o) = v.object.get()
                 {
-                    o.remove_range(v.pindex(s), v.pindex(e), &mut frames);
+                    o.punch_locked(ctx, v.pindex(s), v.pindex(e), &mut frames);
                 }
                 Ok(())
             });

@@ -118,6 +118,7 @@ impl Space {
         let pgoff = if shared { 0 } else { start >> PAGE_SHIFT };
 
         let mut frames = Vec::new();
+        self.reserve_holes_locked(ctx, &map, op, start, end)?;
         let carved = map.carve(start, end);
         let ptes = if carved.is_empty() { 0 } else { self.unmap_locked(ctx, &map, &carved, &mut frames, false) };
         map.insert(Arc::new(Vma::new(start, end, prot, vflags, pgoff, object)));

@@ -25,6 +25,7 @@
 #![deny(unsafe_code)]
 
 mod access;
+mod fork;
 mod layout;
 mod madvise;
 mod mmap;

@@ -50,6 +50,7 @@ impl Space {
         let mut ptes = 0;
         let carved = {
             let mut map = self.map_write(ctx);
+            self.reserve_holes_locked(ctx, &map, op, addr, end)?;
             let carved = map.carve(addr, end);
             if !carved.is_empty() {
                 ptes = self.unmap_locked(ctx, &map, &carved, &mut frames, true);
@@ -59,6 +60,27 @@ impl Space {
         let objects_gone = carved.iter().any(|v| v.object.get().is_some());
         self.finish(ctx, ptes, &frames, objects_gone);
         drop(carved);
+        Ok(())
+    }
+
+    /// Reserve what removing the private pages of `start..end` will need
+    /// (index nodes for the holes of shadow objects, see `object::shadow`),
+    /// so that the removal itself cannot fail. Call with the map lock held
+    /// for writing, before changing anything.
+    pub(super) fn reserve_holes_locked(
+        &self,
+        ctx: &Ctx<'_>,
+        map: &VmaTree,
+        op: Op,
+        start: u64,
+        end: u64,
+    ) -> Result<()> {
+        for v in map.overlapping(start, end) {
+            if let (false, Some(o)) = (v.is_shared(), v.object.get()) {
+                let (s, e) = (v.pindex(v.start.max(start)), v.pindex(v.end.min(end)));
+                o.reserve_holes(ctx, s, e).map_err(|_| Error::NoMemory { op, what: "an object's page-index node" })?;
+            }
+        }
         Ok(())
     }
 
@@ -88,11 +110,12 @@ impl Space {
             ptes += n;
             // A private object's pages in this range are reachable from this
             // VMA only (page offsets of private anonymous memory are unique
-            // per address in a space); a shared object keeps its pages.
+            // per address in a space); a shared object keeps its pages. A
+            // shadow object leaves holes where its backing would show.
             if !v.is_shared()
                 && let Some(o) = v.object.get()
             {
-                o.remove_range(v.pgoff, v.pindex(v.end), frames);
+                o.punch_locked(ctx, v.pgoff, v.pindex(v.end), frames);
             }
         }
         if prune {

@@ -123,8 +123,10 @@ impl Vma {
             && match (self.object.get(), next.object.get()) {
                 (Some(a), Some(b)) => Arc::ptr_eq(a, b),
                 // Shared mappings always have an object; a private one
-                // without an object yet is compatible with any.
-                _ => !self.is_shared(),
+                // without an object yet is compatible with any that was
+                // not inherited through fork.
+                (Some(o), None) | (None, Some(o)) => !self.is_shared() && !o.inherited,
+                (None, None) => !self.is_shared(),
             }
     }
 
@@ -196,6 +198,15 @@ impl VmaTree {
         let v = self.by_end.remove(vma.end).expect("VMA not in the index");
         v.state.retire();
         v
+    }
+
+    /// Replace `old` by `new` (same range), retiring `old`. Does not wait
+    /// for its read-lockers: the caller does, before changing its PTEs.
+    pub(crate) fn replace_no_wait(&mut self, old: &Vma, new: Arc<Vma>) -> Arc<Vma> {
+        debug_assert_eq!((old.start, old.end), (new.start, new.end));
+        let old = self.remove(old);
+        self.by_end.insert(new.end, new);
+        old
     }
 
     /// Replace every VMA intersecting `start..end` by an identical copy,

@@ -29,7 +29,7 @@ use super::{Fault, Resolved};
 use crate::aspace::Space;
 use crate::aspace::vma::{Vma, VmaTree};
 use crate::error::{Error, Result};
-use crate::object::{Insert, Object};
+use crate::object::{Found, Insert, Object};
 use crate::phys::{Frames, OwnedFrame, Pfn};
 use crate::pmap::{Leaf, Pmap, Pte};
 use crate::stats::Counter;
@@ -65,30 +65,41 @@ pub(super) fn resolve_stable(
     let frames = ctx.frames();
     let leaf = space.pmap.pte_alloc(&frames, fault.addr).map_err(|_| nomem("a page-table page"))?;
 
-    // Allocation and zeroing (the bulk of a fault's work) come before any
-    // lock, outside any section: allocating may have to drain the caches.
+    // Allocation and zeroing or copying (the bulk of a fault's work) come
+    // before any lock, outside any section: allocating may have to drain
+    // the caches. Under the map lock no page can leave the object or the
+    // objects below it, and those below are frozen.
+    let found = match object {
+        Some(o) => o.find(pindex, &ctx.rcu_read()),
+        None => Found::Zero,
+    };
     let mut fresh = None;
-    if may_allocate(ctx, vma, &fault) {
+    let write = fault.access == Access::Write;
+    if may_allocate(ctx, vma, &fault) && !matches!(found, Found::Own(_)) && (write || found == Found::Zero) {
         let o = object.expect("allocating faults have an object");
-        // Under the map lock no page can leave the object: no section needed.
-        if o.lookup(pindex).is_none() {
-            o.reserve(&frames, pindex).map_err(|_| nomem("an object's page-index node"))?;
-            let mut frame = frames.alloc().ok_or_else(|| {
-                ctx.count(Counter::fault_nomem);
-                nomem("a data page")
-            })?;
-            phys.zero(&mut frame);
-            fresh = Some(frame);
+        o.reserve(&frames, pindex).map_err(|_| nomem("an object's page-index node"))?;
+        let mut frame = frames.alloc().ok_or_else(|| {
+            ctx.count(Counter::fault_nomem);
+            nomem("a data page")
+        })?;
+        match found {
+            Found::Below(src) => phys.copy_into(&mut frame, src),
+            _ => phys.zero(&mut frame),
         }
+        fresh = Some(frame);
     }
 
-    let _rcu = ctx.rcu_read();
-    let existing = object.and_then(|o| o.lookup(pindex));
+    let section = ctx.rcu_read();
+    let (existing, below) = match object.map_or(Found::Zero, |o| o.find(pindex, &section)) {
+        Found::Own(p) => (Some(p), None),
+        Found::Below(p) => (None, Some(p)),
+        Found::Zero => (None, None),
+    };
     let (ptl, contended) = Pmap::lock(phys, &leaf);
     if contended {
         ctx.count(Counter::pte_lock_contended);
     }
-    commit_locked(ctx, &frames, vma, &leaf, &ptl, Commit { object, pindex, existing, fresh }, fault, f)
+    commit_locked(ctx, &frames, vma, &leaf, &ptl, Commit { object, pindex, existing, below, fresh }, fault, f)
 }
 
 /// What a fault has prepared before taking the PTE lock.
@@ -99,7 +110,10 @@ pub(super) struct Commit<'a> {
     pub(super) pindex: u64,
     /// The object's page at `pindex`, as looked up.
     pub(super) existing: Option<Pfn>,
-    /// A new, zeroed page, if the fault may allocate and found none.
+    /// The page an object below has at `pindex` (shadow chains only).
+    pub(super) below: Option<Pfn>,
+    /// A new page, if the fault may allocate and found none of its own:
+    /// zeroed, or a copy of `below` for a write.
     pub(super) fresh: Option<OwnedFrame>,
 }
 
@@ -140,6 +154,7 @@ pub(super) fn commit_locked(
         }
         (None, Some(frame)) => {
             match c.object.expect("allocating faults have an object").insert(frames, c.pindex, frame) {
+                Ok(Insert::Ours(p)) if c.below.is_some() => (p, Resolved::Copied),
                 Ok(Insert::Ours(p)) => (p, Resolved::ZeroFill),
                 Ok(Insert::Theirs(p)) => (p, Resolved::Mapped),
                 Err((_, frame)) => {
@@ -149,13 +164,17 @@ pub(super) fn commit_locked(
                 }
             }
         }
-        // A page that was resident cannot vanish from a stable VMA, so only
-        // a fault that may not allocate gets here: a read of untouched
-        // private memory.
-        (None, None) => (phys.zero_pfn(), Resolved::ZeroPage),
+        // A read of a page an object below holds (shared, read-only), or
+        // of untouched private memory (a page that was resident cannot
+        // vanish from a stable VMA, so only a fault that may not allocate
+        // gets here without one).
+        (None, None) => match c.below {
+            Some(p) => (p, Resolved::Mapped),
+            None => (phys.zero_pfn(), Resolved::ZeroPage),
+        },
     };
     let exec = vma.prot.contains(Prot::EXEC);
-    let pte = if pfn == phys.zero_pfn() {
+    let pte = if pfn == phys.zero_pfn() || Some(pfn) == c.below {
         Pte::new(pfn, false, exec, false)
     } else {
         Pte::new(pfn, vma.prot.contains(Prot::WRITE), exec, write)
@@ -204,5 +223,6 @@ fn compatible(lower: &Vma, upper: &Vma) -> bool {
     lower.end == upper.start
         && lower.flags == upper.flags
         && !lower.is_shared()
+        && ![lower, upper].iter().any(|v| v.object.get().is_some_and(|o| o.inherited))
         && upper.pgoff == lower.pgoff + ((lower.end - lower.start) >> PAGE_SHIFT)
 }

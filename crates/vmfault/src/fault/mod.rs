@@ -62,6 +62,8 @@ pub(crate) enum Resolved {
     Mapped,
     /// An existing PTE was made writable.
     Upgraded,
+    /// A page shared with the other side of a fork was copied (COW).
+    Copied,
     /// Another vCPU had already installed a PTE that allows the access.
     Raced,
 }
@@ -94,6 +96,9 @@ pub(crate) enum Abort {
     VmaChanged,
     /// The VMA has no object yet.
     NoAnon,
+    /// The VMA needs what the lockless paths do not do (a copy-on-write
+    /// chain to walk).
+    NotSup,
     /// The VMA does not allow the access (the classic path reports it).
     Access,
     /// Page-table levels are missing.
@@ -108,6 +113,7 @@ impl Abort {
             Abort::NoVma => None,
             Abort::VmaChanged => Some(Counter::spf_vma_changed),
             Abort::NoAnon => Some(Counter::spf_vma_noanon),
+            Abort::NotSup => Some(Counter::spf_vma_notsup),
             Abort::Access => Some(Counter::spf_vma_access),
             Abort::PmdChanged => Some(Counter::spf_pmd_changed),
             Abort::NoMem => Some(Counter::spf_nomem),
@@ -119,6 +125,7 @@ impl Abort {
             Abort::NoVma => "no_vma",
             Abort::VmaChanged => "vma_changed",
             Abort::NoAnon => "vma_noanon",
+            Abort::NotSup => "vma_notsup",
             Abort::Access => "vma_access",
             Abort::PmdChanged => "pmd_changed",
             Abort::NoMem => "nomem",
@@ -175,6 +182,7 @@ pub(crate) fn handle(
         Resolved::ZeroPage => Counter::zero_page_maps,
         Resolved::Mapped => Counter::page_maps,
         Resolved::Upgraded => Counter::write_upgrades,
+        Resolved::Copied => Counter::cow_faults,
         Resolved::Raced => Counter::fault_races,
     });
     Ok(())

@@ -49,6 +49,10 @@ pub(super) fn fault(ctx: &Ctx<'_>, space: &Space, fault: Fault, f: &mut impl FnM
     if allocate && object.is_none() {
         return Err(Abort::NoAnon);
     }
+    if object.is_some_and(|o| o.has_backing(&section)) {
+        // Copy-on-write chains are walked under the map lock only.
+        return Err(Abort::NotSup);
+    }
     let leaf = space.pmap.pte(phys, fault.addr).ok_or(Abort::PmdChanged)?;
     let pindex = vma.pindex(fault.addr);
     let existing = object.and_then(|o| o.lookup(pindex));
@@ -76,6 +80,15 @@ pub(super) fn fault(ctx: &Ctx<'_>, space: &Space, fault: Fault, f: &mut impl FnM
         }
         return Err(Abort::VmaChanged);
     }
-    anon::commit_locked(ctx, &frames, vma, &leaf, &guard, Commit { object, pindex, existing, fresh }, fault, f)
-        .map_err(|_| Abort::NoMem)
+    anon::commit_locked(
+        ctx,
+        &frames,
+        vma,
+        &leaf,
+        &guard,
+        Commit { object, pindex, existing, below: None, fresh },
+        fault,
+        f,
+    )
+    .map_err(|_| Abort::NoMem)
 }

@@ -45,6 +45,10 @@ pub(super) fn fault(
     if allocate && object.is_none() {
         return Err(Abort::NoAnon);
     }
+    if object.is_some_and(|o| o.has_backing(&pin)) {
+        // Copy-on-write chains are walked under the map lock only.
+        return Err(Abort::NotSup);
+    }
     let pindex = vma.pindex(fault.addr);
     let mut fresh = None;
     if allocate && vma.prot.allows(fault.access) {
@@ -56,7 +60,7 @@ pub(super) fn fault(
             fresh = Some(frame);
         }
     }
-    locked(ctx, space, vma, &frames, Commit { object, pindex, existing: None, fresh }, fault, f)
+    locked(ctx, space, vma, &frames, Commit { object, pindex, existing: None, below: None, fresh }, fault, f)
 }
 
 /// The install with `vma` read-locked (stable: its range cannot be pruned,

@@ -11,7 +11,10 @@
 //!   `anon_vma_prepare`), possibly shared with a neighbouring VMA so the two
 //!   can merge later; indexed by `address >> 12`.
 //! - *shared anonymous*: created at `mmap(MAP_SHARED | MAP_ANONYMOUS)`, like
-//!   Linux's shmem file behind it; indexed from 0.
+//!   Linux's shmem file behind it; indexed from 0. Shared across `fork`.
+//! - *shadow*: a private anonymous object created by `fork` in front of the
+//!   object the parent's VMA had, one for each side (`shadow.rs`): pages it
+//!   lacks are read from the objects below, and a write copies them up.
 //!
 //! # The page index
 //! A [`Radix`] whose leaves hold `frame << 12 | 1`. Lookups are lockless
@@ -20,14 +23,22 @@
 //! one page and the loser frees its copy; removal swaps entries to zero and
 //! hands the frames to the caller, who frees them after a grace period.
 //! No object lock is needed on the fault path.
+//!
+//! An entry may also be a *hole* (`HOLE`, no frame): the page reads as zero
+//! here whatever the objects below hold (see `shadow.rs`).
 
 #![deny(unsafe_code)]
 
+mod shadow;
+
+pub(crate) use shadow::Found;
+
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::phys::{Frames, Kind, OwnedFrame, Pfn};
 use crate::pmap::{OutOfFrames, Radix};
+use crate::sync::rcu::RcuBox;
 use crate::vm::{Ctx, Machine};
 
 /// A VM object.
@@ -39,26 +50,62 @@ pub(crate) struct Object {
     index: Radix,
     /// `[I]` the machine, to free pages when the object dies.
     m: Arc<Machine>,
+    /// `[a]` (RCU) the object below, for shadow objects: read inside a
+    /// section; replaced only by a collapse (`shadow.rs`), under the map
+    /// lock of the one space whose VMAs map this object.
+    backing: RcuBox<Option<Arc<Object>>>,
+    /// `[a]` objects whose `backing` is this one (BSD's `shadow_count`).
+    shadows: AtomicU32,
+    /// `[I]` made for the child side of a `fork` (or in front of such an
+    /// object): Linux's anon_vma chain of such a VMA is not singular, so it
+    /// neither merges with a VMA that has no object nor lends its object to
+    /// one (`is_mergeable_anon_vma`, `reusable_anon_vma`).
+    pub(crate) inherited: bool,
 }
 
 const PRESENT: u64 = 1;
+const HOLE: u64 = 2;
 
 impl Object {
     /// A new anonymous object.
     pub(crate) fn new_anon(ctx: &Ctx<'_>, m: &Arc<Machine>) -> Result<Arc<Object>, OutOfFrames> {
-        let index = Radix::new(&ctx.frames(), Kind::Index)?;
-        Ok(Arc::new(Object { id: ctx.new_object_id(), index, m: m.clone() }))
+        Self::with_backing(ctx, m, None, false)
     }
 
-    /// The page at `pindex`, if resident. Use inside an RCU section (or
-    /// under the map lock) and only while there.
+    fn with_backing(
+        ctx: &Ctx<'_>,
+        m: &Arc<Machine>,
+        below: Option<Arc<Object>>,
+        inherited: bool,
+    ) -> Result<Arc<Object>, OutOfFrames> {
+        let index = Radix::new(&ctx.frames(), Kind::Index)?;
+        if let Some(b) = &below {
+            b.shadows.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(Arc::new(Object {
+            id: ctx.new_object_id(),
+            index,
+            m: m.clone(),
+            backing: RcuBox::new(below),
+            shadows: AtomicU32::new(0),
+            inherited,
+        }))
+    }
+
+    /// The page at `pindex` in this object (not below it), if resident.
+    /// Use inside an RCU section (or under the map lock) and only while there.
     #[inline]
     pub(crate) fn lookup(&self, pindex: u64) -> Option<Pfn> {
-        let leaf = self.index.leaf(&self.m.phys, pindex)?;
+        let e = self.entry(pindex);
+        (e & PRESENT != 0).then_some(Pfn((e >> 12) as u32))
+    }
+
+    /// The raw entry at `pindex` (0 if none).
+    #[inline]
+    fn entry(&self, pindex: u64) -> u64 {
         // Acquire pairs with the Release CAS in `insert`: the page's
         // contents were complete before it was published.
-        let e = leaf.entry.load(Ordering::Acquire);
-        (e & PRESENT != 0).then_some(Pfn((e >> 12) as u32))
+        self.index.leaf(&self.m.phys, pindex).map_or(0, |leaf| leaf.entry.load(Ordering::Acquire))
     }
 
     /// Make sure the index has a slot for `pindex` (allocating index nodes
@@ -89,22 +136,30 @@ impl Object {
         let entry = (u64::from(pfn.0) << 12) | PRESENT;
         // Release: the page's contents (zeroed or copied while it was an
         // OwnedFrame) and its descriptor are visible to whoever finds it
-        // through the index.
-        match leaf.entry.compare_exchange(0, entry, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => Ok(Insert::Ours(pfn)),
-            Err(theirs) => {
+        // through the index. A hole is replaced like an empty slot.
+        let mut cur = leaf.entry.load(Ordering::Acquire);
+        loop {
+            if cur & PRESENT != 0 {
                 frames.free_owned(phys.unpublish(pfn, Kind::Data));
-                Ok(Insert::Theirs(Pfn((theirs >> 12) as u32)))
+                return Ok(Insert::Theirs(Pfn((cur >> 12) as u32)));
+            }
+            match leaf.entry.compare_exchange(cur, entry, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Ok(Insert::Ours(pfn)),
+                Err(now) => cur = now,
             }
         }
     }
 
     /// Remove every page with index in `start..end`, pushing their frames
     /// onto `out`. The caller has unmapped them and frees them after a
-    /// grace period. Returns the number removed.
+    /// grace period. Returns the number removed. Holes stay (a shadow
+    /// object's holes are made by `punch_locked`, which calls this).
     pub(crate) fn remove_range(&self, start: u64, end: u64, out: &mut Vec<Pfn>) -> u64 {
         let mut n = 0;
         self.index.for_each_present(&self.m.phys, start, end, |_, leaf| {
+            if leaf.entry.load(Ordering::Relaxed) & PRESENT == 0 {
+                return;
+            }
             let e = leaf.entry.swap(0, Ordering::AcqRel);
             if e & PRESENT != 0 {
                 out.push(Pfn((e >> 12) as u32));
@@ -126,6 +181,9 @@ pub(crate) enum Insert {
 
 impl Drop for Object {
     fn drop(&mut self) {
+        if let Some(b) = self.backing.get_mut().take() {
+            b.shadows.fetch_sub(1, Ordering::Relaxed);
+        }
         let mut frames = Vec::new();
         let mut leaves = Vec::new();
         self.index.teardown(&self.m.phys, &mut frames, &mut leaves);

@@ -158,6 +158,19 @@ impl PhysMem {
         unsafe { std::ptr::write_bytes(self.arena.frame_ptr(f.0.0), 0, PAGE_SIZE as usize) }
     }
 
+    /// Fill an owned frame with a copy of a published one (copy-on-write):
+    /// atomic loads from `src` (rule 2), plain stores to `f` (rule 1).
+    pub(crate) fn copy_into(&self, f: &mut OwnedFrame, src: Pfn) {
+        let from = self.words(src);
+        let to = self.arena.frame_ptr(f.0.0).cast::<u64>();
+        for (i, w) in from.iter().enumerate() {
+            // SAFETY: word `i` of the owned frame lies inside the arena (the
+            // frame is page-aligned, `i < WORDS`); nobody else can reach an
+            // `OwnedFrame` (rule 1), so the plain store races nothing.
+            unsafe { to.add(i).write(w.load(Ordering::Relaxed)) }
+        }
+    }
+
     /// Publish an owned frame as `kind`; from now on only atomics touch it.
     #[inline]
     pub(crate) fn publish(&self, f: OwnedFrame, kind: Kind) -> Pfn {

@@ -417,6 +417,13 @@ impl<T> RcuBox<T> {
         unsafe { &*self.ptr.load(Ordering::Acquire) }
     }
 
+    /// The value, which no reader can be using (`&mut self`).
+    pub fn get_mut(&mut self) -> &mut T {
+        // SAFETY: never null, from `Box::into_raw`; `&mut self` means no
+        // reader borrows us (reads are tied to a borrow of `self`).
+        unsafe { &mut *self.ptr.load(Ordering::Relaxed) }
+    }
+
     /// Publish `value`; the old one comes back to be reclaimed after a grace period.
     pub fn replace(&self, rcu: &Rcu, value: T) -> Retired<Box<T>> {
         let old = self.ptr.swap(Box::into_raw(Box::new(value)), Ordering::AcqRel);

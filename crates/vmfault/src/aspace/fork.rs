@@ -1,0 +1,148 @@
+//! `fork`: a new address space with a copy of this one's mappings.
+//!
+//! Shared mappings share their object with the child. Private memory is
+//! copied lazily (copy-on-write, `object::shadow`): each private object of
+//! the parent gets a new, empty shadow object in front of it for the parent
+//! (one per object, so that the parent's VMAs that shared it still can
+//! merge), and one per child VMA for the child (Linux's `anon_vma_fork`
+//! gives each child VMA its own anon_vma); the old object becomes their
+//! common backing object. The parent's private PTEs become read-only, so
+//! its next write copies; the child starts with an empty page table and
+//! faults its pages in from the chain, as a real child does after its
+//! first access.
+//!
+//! Before shadowing, chains that the other side of an earlier fork has left
+//! are collapsed (`Object::collapse_locked`), so fork/exit cycles do not
+//! grow them.
+//!
+//! Everything happens under the parent's map lock held for writing: the
+//! parent's VMAs are replaced (retired: speculative faults on them abort,
+//! per-VMA-lock faults are waited for) before their PTEs are narrowed, and
+//! a grace period passes before `fork` returns, so that no store through an
+//! old writable PTE lands after it (the TLB shootdown).
+
+#![deny(unsafe_code)]
+
+use std::sync::Arc;
+
+use super::vma::Vma;
+use super::{AddressSpace, Space};
+use crate::error::{Error, Op, Result};
+use crate::object::Object;
+use crate::stats::Counter;
+use crate::types::Prot;
+use crate::vm::Ctx;
+
+impl AddressSpace {
+    /// Fork this address space, as `fork(2)` does a process's memory: the
+    /// child gets every mapping; shared mappings stay shared, private
+    /// memory is copied on the first write of either side.
+    ///
+    /// ```
+    /// use vmfault::{Vm, VmConfig, Prot, MapFlags};
+    /// let vm = Vm::new(VmConfig { phys_bytes: 16 << 20, ..VmConfig::default() })?;
+    /// let parent = vm.new_space()?;
+    /// let rw = Prot::READ | Prot::WRITE;
+    /// let a = parent.mmap(0, 8192, rw, MapFlags::PRIVATE | MapFlags::ANONYMOUS)?;
+    /// parent.write(a, b"before")?;
+    /// let child = parent.fork()?;
+    /// child.write(a, b"child!")?;
+    /// let mut buf = [0u8; 6];
+    /// parent.read(a, &mut buf)?;
+    /// assert_eq!(&buf, b"before");
+    /// child.read(a, &mut buf)?;
+    /// assert_eq!(&buf, b"child!");
+    /// # Ok::<(), vmfault::Error>(())
+    /// ```
+    ///
+    /// Errors: `ENOMEM` when frames for the new objects' indexes run out
+    /// (the parent is then unchanged, apart from collapsed chains, which
+    /// read the same).
+    pub fn fork(&self) -> Result<AddressSpace> {
+        let s = &self.s;
+        let child = AddressSpace::new(s.vm.clone())
+            .map_err(|_| Error::NoMemory { op: Op::Fork, what: "the child's page-table root" })?;
+        s.vm.with_ctx(|ctx| {
+            s.fork_into(ctx, &child)?;
+            ctx.count(Counter::forks);
+            Ok(child)
+        })
+    }
+}
+
+impl AddressSpace {
+    /// The longest copy-on-write chain under this space's private
+    /// mappings: 1 for memory that was never shared by `fork`, one more per
+    /// level of shadow objects (bounded by the collapses, see `fork`).
+    pub fn max_chain_depth(&self) -> u32 {
+        let s = &self.s;
+        s.vm.with_ctx(|ctx| {
+            let map = s.map_read(ctx);
+            let section = ctx.rcu_read();
+            map.iter().filter_map(|v| v.object.get()).map(|o| o.depth(&section)).max().unwrap_or(0)
+        })
+    }
+}
+
+impl Space {
+    /// Copy the mappings into `child`, a new, empty space of the same machine.
+    fn fork_into(&self, ctx: &Ctx<'_>, child: &AddressSpace) -> Result<()> {
+        let nomem = |what| Error::NoMemory { op: Op::Fork, what };
+        let m = &self.vm.m;
+        let mut frames = Vec::new();
+        let mut old_backing = Vec::new();
+        let mut narrowed = 0;
+        let replaced = {
+            let mut map = self.map_write(ctx);
+            let vmas: Vec<Arc<Vma>> = map.iter().cloned().collect();
+            // Plan everything that can fail before changing anything but
+            // the (equivalent) collapsed chains.
+            let mut fronts: Vec<(Arc<Object>, Arc<Object>)> = Vec::new();
+            let mut child_vmas = Vec::with_capacity(vmas.len());
+            for v in &vmas {
+                let object = match v.object.get() {
+                    Some(o) if !v.is_shared() => {
+                        if !fronts.iter().any(|(old, _)| Arc::ptr_eq(old, o)) {
+                            let n = o.collapse_locked(ctx, &mut frames, &mut old_backing);
+                            let n = n.map_err(|_| nomem("an object's page-index node"))?;
+                            ctx.count_n(Counter::shadow_collapses, u64::from(n));
+                            let front = Object::new_shadow(ctx, m, o, false).map_err(|_| nomem("a shadow object"))?;
+                            fronts.push((o.clone(), front));
+                        }
+                        Some(Object::new_shadow(ctx, m, o, true).map_err(|_| nomem("a shadow object"))?)
+                    }
+                    other => other.cloned(),
+                };
+                child_vmas.push(Arc::new(Vma::new(v.start, v.end, v.prot, v.flags, v.pgoff, object)));
+            }
+            // The parent's private VMAs move onto their new front objects.
+            let mut replaced = Vec::new();
+            let (mut lo, mut hi) = (u64::MAX, 0);
+            for v in &vmas {
+                let Some((_, front)) = v.object.get().and_then(|o| fronts.iter().find(|(old, _)| Arc::ptr_eq(old, o)))
+                else {
+                    continue;
+                };
+                let new = Arc::new(Vma::new(v.start, v.end, v.prot, v.flags, v.pgoff, Some(front.clone())));
+                replaced.push(map.replace_no_wait(v, new));
+                (lo, hi) = (lo.min(v.start), hi.max(v.end));
+            }
+            map.wait_readers((lo < hi).then_some((lo, hi)));
+            // Their pages are now shared with the child: read-only.
+            for v in &replaced {
+                if v.prot.contains(Prot::WRITE) {
+                    narrowed += self.pmap.protect(&m.phys, v.start, v.end, v.prot - Prot::WRITE);
+                }
+            }
+            let mut cmap = child.s.map_write(ctx);
+            for v in child_vmas {
+                cmap.insert(v);
+            }
+            replaced
+        };
+        self.finish(ctx, narrowed, &frames, false);
+        drop(m.rcu.reclaim(&mut old_backing, true));
+        drop(replaced);
+        Ok(())
+    }
+}
