@@ -29,7 +29,7 @@
 //! | sync | [`sync`] | our RCU with a blocking `synchronize`, vCPU slots, per-vCPU magazines with remote drain, the VMA state word (SPF sequence and per-VMA lock), the PTE word lock, the loom shim |
 //! | phys | `phys` | frame arena, 64-byte page descriptors, the global free stack, per-CPU page caches, the frame protocol |
 //! | pmap | `pmap` | frame-backed radix trees: page tables (PTE locks, zap, protect, prune) and object indexes |
-//! | object | `object` | VM objects owning pages by index (private and shared anonymous) |
+//! | object | `object` | VM objects owning pages by index (private and shared anonymous), shadow chains for copy-on-write after `fork` |
 //! | aspace | `aspace` | [`AddressSpace`]: VMA index (and its RCU snapshot), one file per operation, the software MMU |
 //! | fault | `fault` | the fault path: classic (map lock), speculative, per-VMA lock; anonymous-page resolution shared by all three |
 //! | stats | [`stats`] | per-vCPU counters summed on read |
@@ -45,7 +45,8 @@
 //! │   │                                retires the VMA under [M] and waits for the pins)
 //! │   └── PTE lock [P]
 //! └── anon lock                       (creation of private anonymous objects)
-//!     └── object lock [O]             (reserved: shadow chains, page renames)
+//!     └── object lock [O]             (reserved: file objects; shadow chains change only
+//!         │                            under the map lock of the space that maps them)
 //!         └── page busy               (reserved: I/O on a page)
 //!             └── PTE lock [P]        (one word per page-table page; speculative
 //!                 │                    faults only try-lock it, holding nothing else)

@@ -10,7 +10,7 @@
 mod common;
 
 use common::check_against_host;
-use common::ops::sequence;
+use common::ops::{fork_sequence, sequence};
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
 #[test]
@@ -28,4 +28,27 @@ fn differential_against_host_kernel() {
     let ops = ops.into_inner();
     println!("{cases} sequences, {ops} operations: no divergence from the host kernel");
     assert!(ops >= 100 * cases as usize, "only {ops} operations ran");
+}
+
+/// The same with processes: random forks, switches between the processes
+/// and exits among the operations (`VMFAULT_FORK_DIFF_CASES`, default 60
+/// sequences of 80 memory operations). Every process's results, bytes and
+/// layout must agree with the host's, and dropping every space must give
+/// every frame back.
+#[test]
+fn fork_differential_against_host_kernel() {
+    let cases = std::env::var("VMFAULT_FORK_DIFF_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(60);
+    let mut runner = TestRunner::new(Config { cases, failure_persistence: None, ..Config::default() });
+    let forks = std::sync::atomic::AtomicUsize::new(0);
+    let result = runner.run(&fork_sequence(80..=80), |seq| {
+        let n = seq.iter().filter(|op| **op == common::ops::TOp::Fork).count();
+        forks.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        check_against_host(&seq).map_err(TestCaseError::fail)
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    let forks = forks.into_inner();
+    println!("{cases} sequences with {forks} forks: no divergence from the host kernel");
+    assert!(forks >= cases as usize, "only {forks} forks ran");
 }

@@ -248,6 +248,8 @@ unsafe fn exec(sh: *mut Shared, base: u64, op: &TOp) -> RawResult {
                     }
                 }
             }
+            // Run by `child` itself; never passed here.
+            TOp::Fork | TOp::Switch(_) | TOp::Exit => res(K_ERR),
             TOp::Abs(a) => {
                 let (call, addr, len, prot, flags) = a.args(base);
                 let p = addr as *mut libc::c_void;
@@ -327,8 +329,11 @@ unsafe fn record_maps(sh: *mut Shared, base: u64) -> (u64, u64) {
 }
 
 /// # Safety
-/// Runs in the forked child only; `sh` is the shared region.
-unsafe fn child(sh: *mut Shared, ops: &[TOp]) -> ! {
+/// Runs in the forked child only; `sh` is the shared region. `owner[i]` is
+/// the process that runs op `i`, `fork_id[i]` the number a `Fork` at `i`
+/// gives its child (both computed before the fork: the child allocates
+/// nothing).
+unsafe fn child(sh: *mut Shared, ops: &[TOp], owner: &[u8], fork_id: &[u8]) -> ! {
     // SAFETY: the child owns its address space; see `exec`.
     unsafe {
         libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
@@ -351,15 +356,63 @@ unsafe fn child(sh: *mut Shared, ops: &[TOp]) -> ! {
         libc::mmap((g0 + GUARD + W) as *mut libc::c_void, GUARD as usize, libc::PROT_NONE, gfl, -1, 0);
         let base = g0 + GUARD;
         (*sh).base = base;
-        for (i, op) in ops.iter().enumerate() {
-            let mut r = exec(sh, base, op);
+        // Processes take turns: each runs the ops it owns, in order, and
+        // waits for the others' (`ops_done` is the turn).
+        let mut me = 0u8;
+        let mut kids = [0 as libc::pid_t; 16];
+        let mut nkids = 0;
+        let mut i = 0;
+        while i < ops.len() {
+            if owner[i] != me {
+                let mut waited = 0u64;
+                while ptr::read_volatile(&raw const (*sh).ops_done) <= i as u64 {
+                    libc::usleep(20);
+                    waited += 1;
+                    if waited > 5_000_000 {
+                        libc::_exit(4);
+                    }
+                }
+                std::sync::atomic::fence(Ordering::SeqCst);
+                i += 1;
+                continue;
+            }
+            let mut r = match ops[i] {
+                TOp::Fork => {
+                    let pid = libc::fork();
+                    if pid == 0 {
+                        // The child: its parent reports the op.
+                        me = fork_id[i];
+                        nkids = 0;
+                        i += 1;
+                        continue;
+                    }
+                    if pid < 0 {
+                        RawResult { errno: errno(), ..res(K_ERR) }
+                    } else {
+                        kids[nkids] = pid;
+                        nkids += 1;
+                        res(K_OK)
+                    }
+                }
+                TOp::Switch(_) => res(K_OK),
+                TOp::Exit => unit(libc::munmap(base as *mut libc::c_void, W as usize)),
+                ref op => exec(sh, base, op),
+            };
             let (at, n) = record_maps(sh, base);
             r.maps_at = at;
             r.maps_len = n;
             (*sh).results[i] = r;
+            std::sync::atomic::fence(Ordering::SeqCst);
             ptr::write_volatile(&raw mut (*sh).ops_done, i as u64 + 1);
+            i += 1;
         }
-        ptr::write_volatile(&raw mut (*sh).status, 1);
+        for &k in &kids[..nkids] {
+            let mut st = 0;
+            libc::waitpid(k, &mut st, 0);
+        }
+        if me == 0 {
+            ptr::write_volatile(&raw mut (*sh).status, 1);
+        }
         libc::_exit(0);
     }
 }
@@ -372,6 +425,17 @@ pub fn run_host(ops: &[TOp]) -> Result<(Vec<Outcome>, Vec<Vec<MapEntry>>), Strin
             assert!(*len as usize <= CHUNK, "loads and stores are limited to {CHUNK} bytes: {op:?}");
         }
     }
+    let owner = owners(ops);
+    let mut forks = 0u8;
+    let fork_id: Vec<u8> = ops
+        .iter()
+        .map(|op| {
+            if *op == TOp::Fork {
+                forks += 1;
+            }
+            forks
+        })
+        .collect();
     let size = std::mem::size_of::<Shared>();
     // SAFETY: a fresh shared anonymous mapping, zero-filled, big enough for `Shared`.
     let sh = unsafe {
@@ -390,7 +454,7 @@ pub fn run_host(ops: &[TOp]) -> Result<(Vec<Outcome>, Vec<Vec<MapEntry>>), Strin
     let pid = unsafe { libc::fork() };
     if pid == 0 {
         // SAFETY: `sh` is the shared mapping; `ops` was copied into the child by fork.
-        unsafe { child(sh, ops) }
+        unsafe { child(sh, ops, &owner, &fork_id) }
     }
     assert!(pid > 0, "fork failed");
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -415,7 +479,7 @@ pub fn run_host(ops: &[TOp]) -> Result<(Vec<Outcome>, Vec<Vec<MapEntry>>), Strin
     unsafe {
         let shr: &Shared = &*sh;
         let done = shr.ops_done as usize;
-        if shr.status != 1 || !libc::WIFEXITED(st) || libc::WEXITSTATUS(st) != 0 {
+        if shr.status != 1 || done != ops.len() || !libc::WIFEXITED(st) || libc::WEXITSTATUS(st) != 0 {
             libc::munmap(sh.cast(), size);
             return Err(format!("host child failed after {done} of {} ops (status {st:#x})", ops.len()));
         }

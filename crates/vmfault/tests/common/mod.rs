@@ -6,7 +6,7 @@ pub mod model;
 pub mod ops;
 
 use ops::*;
-use vmfault::{FaultPath, Vm, VmConfig};
+use vmfault::{AddressSpace, FaultPath, Vm, VmConfig};
 
 /// Every fault path: the suites run in all of them.
 pub const FAULT_PATHS: [FaultPath; 3] = [FaultPath::MapLock, FaultPath::Speculative, FaultPath::VmaLock];
@@ -30,12 +30,36 @@ pub fn check_against_host(ops: &[TOp]) -> Result<(), String> {
 
 fn check_path(ops: &[TOp], host: &[Outcome], host_maps: &[Vec<MapEntry>], path: FaultPath) -> Result<(), String> {
     let vm = test_vm(8 << 20, 1, path);
-    let space = vm.new_space().unwrap();
+    let before_space = vm.stats().free_pages;
+    let first = vm.new_space().unwrap();
     let initial_free = vm.stats().free_pages;
-    vmfault_guards(&space, VM_BASE);
+    vmfault_guards(&first, VM_BASE);
+    // Processes: the spaces of `Fork`, `None` once exited.
+    let mut spaces = vec![Some(first)];
+    let mut cur = 0usize;
     for (i, op) in ops.iter().enumerate() {
-        let got = run_vmfault(&space, VM_BASE, op);
-        let maps = vmfault_maps(&space, VM_BASE);
+        let live = |spaces: &[Option<AddressSpace>], cur: usize| {
+            spaces[cur].clone().expect("sequences never run ops in an exited process")
+        };
+        let got = match op {
+            TOp::Fork => match live(&spaces, cur).fork() {
+                Ok(child) => {
+                    spaces.push(Some(child));
+                    Outcome::Ok
+                }
+                Err(e) => Outcome::Err(e.errno()),
+            },
+            TOp::Switch(n) => {
+                cur = usize::from(*n);
+                Outcome::Ok
+            }
+            TOp::Exit => {
+                spaces[cur] = None;
+                Outcome::Ok
+            }
+            op => run_vmfault(&live(&spaces, cur), VM_BASE, op),
+        };
+        let maps = spaces[cur].as_ref().map_or_else(Vec::new, |s| vmfault_maps(s, VM_BASE));
         let context = || {
             let steps: Vec<String> =
                 ops[..=i].iter().enumerate().map(|(k, o)| format!("  {k:3}: {o:?} -> host {:?}", host[k])).collect();
@@ -52,12 +76,19 @@ fn check_path(ops: &[TOp], host: &[Outcome], host_maps: &[Vec<MapEntry>], path: 
             ));
         }
     }
-    for m in space.mappings() {
-        space.munmap(m.start, m.end - m.start).unwrap();
+    for space in spaces.iter().flatten() {
+        for m in space.mappings() {
+            space.munmap(m.start, m.end - m.start).unwrap();
+        }
     }
     let free = vm.stats().free_pages;
-    if free != initial_free {
+    if spaces.len() == 1 && free != initial_free {
         return Err(format!("{} frames leaked after unmapping everything", initial_free as i64 - free as i64));
+    }
+    drop(spaces);
+    let free = vm.stats().free_pages;
+    if free != before_space {
+        return Err(format!("{} frames leaked after dropping every space", before_space as i64 - free as i64));
     }
     Ok(())
 }

@@ -176,6 +176,7 @@ impl Model {
                     Some((fault, code)) => Outcome::Segv { off: fault as i64, code, data: Vec::new() },
                 }
             }
+            TOp::Fork | TOp::Switch(_) | TOp::Exit => unreachable!("the model has one process: {op:?}"),
             TOp::Abs(a) => Outcome::Err(match a {
                 AbsOp::MunmapHugeLen | AbsOp::MunmapAboveTask => EINVAL,
                 AbsOp::MprotectAlignOverflow | AbsOp::MprotectWrapEnd => ENOMEM,

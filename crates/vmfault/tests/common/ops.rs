@@ -50,14 +50,69 @@ pub enum AbsOp {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TOp {
-    Mmap { place: Place, off: u64, len: u64, prot: u32, flags: u32 },
-    Munmap { off: u64, len: u64 },
-    Mprotect { off: u64, len: u64, prot: u32 },
-    Madvise { off: u64, len: u64, advice: i32 },
-    Read { off: u64, len: u64 },
-    Write { off: u64, len: u64, seed: u8 },
-    Touch { off: u64, write: bool },
+    Mmap {
+        place: Place,
+        off: u64,
+        len: u64,
+        prot: u32,
+        flags: u32,
+    },
+    Munmap {
+        off: u64,
+        len: u64,
+    },
+    Mprotect {
+        off: u64,
+        len: u64,
+        prot: u32,
+    },
+    Madvise {
+        off: u64,
+        len: u64,
+        advice: i32,
+    },
+    Read {
+        off: u64,
+        len: u64,
+    },
+    Write {
+        off: u64,
+        len: u64,
+        seed: u8,
+    },
+    Touch {
+        off: u64,
+        write: bool,
+    },
     Abs(AbsOp),
+    /// The current process forks; the child gets the next process number
+    /// (the first process is 0) and the parent stays current.
+    Fork,
+    /// Make process `n` current.
+    Switch(u8),
+    /// The current process exits (the host unmaps its window and idles;
+    /// nothing else can observe the difference). A `Switch` follows.
+    Exit,
+}
+
+impl TOp {
+    /// Whether this op drives processes rather than memory.
+    pub fn is_process_op(&self) -> bool {
+        matches!(self, TOp::Fork | TOp::Switch(_) | TOp::Exit)
+    }
+}
+
+/// The process that runs each op of `ops` (`Switch(n)` runs in `n`).
+pub fn owners(ops: &[TOp]) -> Vec<u8> {
+    let mut cur = 0u8;
+    ops.iter()
+        .map(|op| {
+            if let TOp::Switch(n) = op {
+                cur = *n;
+            }
+            cur
+        })
+        .collect()
 }
 
 /// What an operation produced, relative to the window.
@@ -222,6 +277,7 @@ pub fn run_vmfault(space: &AddressSpace, base: u64, op: &TOp) -> Outcome {
             Ok(()) => Outcome::Ok,
             Err(e) => segv_or(e, base, Vec::new()),
         },
+        TOp::Fork | TOp::Switch(_) | TOp::Exit => unreachable!("process ops are run by the caller: {op:?}"),
         TOp::Abs(a) => {
             let (call, addr, len, prot, flags) = a.args(base);
             match call {
@@ -368,5 +424,60 @@ pub fn sequence(n: std::ops::RangeInclusive<usize>) -> impl Strategy<Value = Vec
     (first, prop::collection::vec(op(), n)).prop_map(|(f, mut rest)| {
         rest.insert(0, f);
         rest
+    })
+}
+
+/// What a fork sequence does between memory operations.
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    Op,
+    Fork,
+    Switch(u8),
+    Exit,
+}
+
+/// Most processes alive at once, and forks in all, in a fork sequence.
+const MAX_LIVE: usize = 4;
+const MAX_FORKS: usize = 6;
+
+/// A sequence with processes: like [`sequence`], with forks, switches
+/// between the processes and exits in between. Always valid: a switch goes
+/// to a live process, an exit leaves one alive and is followed by a switch.
+pub fn fork_sequence(n: std::ops::RangeInclusive<usize>) -> impl Strategy<Value = Vec<TOp>> {
+    let step = prop_oneof![
+        20 => Just(Step::Op),
+        2 => Just(Step::Fork),
+        3 => any::<u8>().prop_map(Step::Switch),
+        1 => Just(Step::Exit),
+    ];
+    (sequence(n.clone()), prop::collection::vec(step, n)).prop_map(|(ops, steps)| {
+        let mut out = Vec::with_capacity(ops.len() * 2);
+        let mut live = vec![0u8];
+        let mut cur = 0u8;
+        let mut forks = 0;
+        let mut ops = ops.into_iter();
+        out.push(ops.next().expect("a first mapping"));
+        for (step, op) in steps.into_iter().zip(ops) {
+            match step {
+                Step::Fork if forks < MAX_FORKS && live.len() < MAX_LIVE => {
+                    forks += 1;
+                    live.push(forks as u8);
+                    out.push(TOp::Fork);
+                }
+                Step::Switch(k) => {
+                    cur = live[k as usize % live.len()];
+                    out.push(TOp::Switch(cur));
+                }
+                Step::Exit if live.len() > 1 => {
+                    live.retain(|&p| p != cur);
+                    out.push(TOp::Exit);
+                    cur = live[0];
+                    out.push(TOp::Switch(cur));
+                }
+                _ => {}
+            }
+            out.push(op);
+        }
+        out
     })
 }
