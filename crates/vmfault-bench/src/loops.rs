@@ -45,6 +45,7 @@ pub(crate) fn run<T: Target>(
         Workload::Malloc1 => malloc1(t, sizes.region, stop),
         Workload::Mmap1 => mmap1(t, sizes.region, stop),
         Workload::Brk1 => brk1(t, stop),
+        Workload::Fork1 => fork1(t, FORK1_REGION, stop),
         Workload::ZeroFill => zero_fill(&mut scratch.buf, stop),
         Workload::Pft | Workload::PageFault2 | Workload::PageFault3 | Workload::Mlock1 => {
             Err(format!("{} has no free-running loop", w.name()))
@@ -119,6 +120,25 @@ fn brk1<T: Target>(t: &T, stop: &AtomicBool) -> Result<u64, OpError> {
         ops += 2;
     }
     t.unmap(heap, PAGE)?;
+    Ok(ops)
+}
+
+/// What each fork1 thread maps, touches and has its children copy.
+pub const FORK1_REGION: u64 = 1 << 20;
+
+/// fork1: a touched private region; each op forks, the child writes every
+/// page of it (copy-on-write faults) and exits.
+fn fork1<T: Target>(t: &T, len: u64, stop: &AtomicBool) -> Result<u64, OpError> {
+    let a = t.map(len)?;
+    for p in 0..len / PAGE {
+        t.store(a + p * PAGE)?;
+    }
+    let mut ops = 0;
+    while !stopped(stop) {
+        t.fork_touch(a, len)?;
+        ops += 1;
+    }
+    t.unmap(a, len)?;
     Ok(ops)
 }
 

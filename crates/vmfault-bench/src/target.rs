@@ -30,6 +30,10 @@ pub trait Target: Sync {
     /// Store one zero byte at `addr` (`c[i] = 0`).
     fn store(&self, addr: u64) -> Result<(), OpError>;
 
+    /// Fork; in the child, store one byte in each page of `addr..addr+len`
+    /// (copy-on-write faults), then end the child and wait for it.
+    fn fork_touch(&self, addr: u64, len: u64) -> Result<(), OpError>;
+
     /// vmfault's statistics, if this is vmfault.
     fn stats(&self) -> Option<Stats>;
 }
@@ -82,6 +86,14 @@ impl Target for VmTarget {
     #[inline]
     fn store(&self, addr: u64) -> Result<(), OpError> {
         self.space.write(addr, &[0]).map_err(|e| e.to_string())
+    }
+
+    fn fork_touch(&self, addr: u64, len: u64) -> Result<(), OpError> {
+        let child = self.space.fork().map_err(|e| e.to_string())?;
+        for a in (addr..addr + len).step_by(4096) {
+            child.write(a, &[0]).map_err(|e| e.to_string())?;
+        }
+        Ok(())
     }
 
     fn stats(&self) -> Option<Stats> {
@@ -148,6 +160,30 @@ impl Target for HostTarget {
     fn store(&self, addr: u64) -> Result<(), OpError> {
         // SAFETY: workloads only store into pages of their own read-write mappings.
         unsafe { std::ptr::write_volatile(addr as *mut u8, 0) };
+        Ok(())
+    }
+
+    fn fork_touch(&self, addr: u64, len: u64) -> Result<(), OpError> {
+        // SAFETY: the child only stores into pages of a mapping the caller
+        // owns (as in the parent) and leaves with `_exit`: nothing that the
+        // fork of a multi-threaded process makes unsafe (no allocation, no
+        // locks).
+        unsafe {
+            let pid = libc::fork();
+            if pid == 0 {
+                for a in (addr..addr + len).step_by(4096) {
+                    std::ptr::write_volatile(a as *mut u8, 0);
+                }
+                libc::_exit(0);
+            }
+            if pid < 0 {
+                return Err(errno_text("fork"));
+            }
+            let mut status = 0;
+            if libc::waitpid(pid, &mut status, 0) != pid || !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
+                return Err(format!("host fork child ended with status {status:#x}"));
+            }
+        }
         Ok(())
     }
 

@@ -36,6 +36,10 @@ pub enum Workload {
     /// The seed's `mlock` loop: mlock/munlock a 64 KiB range.
     #[serde(rename = "mlock1")]
     Mlock1,
+    /// fork with copy-on-write: touch 1 MiB private, then loop: fork, the
+    /// child writes every page and exits; one op = one fork.
+    #[serde(rename = "fork1")]
+    Fork1,
     /// The zero-fill limit: zeroing 4 KiB pages of the same footprint.
     ZeroFill,
 }
@@ -62,7 +66,7 @@ impl Sizes {
 
 impl Workload {
     /// Every workload, in display order.
-    pub const ALL: [Workload; 10] = [
+    pub const ALL: [Workload; 11] = [
         Workload::PageFault1,
         Workload::PageFault2,
         Workload::PageFault3,
@@ -72,6 +76,7 @@ impl Workload {
         Workload::Pft,
         Workload::Ebizzy,
         Workload::Mlock1,
+        Workload::Fork1,
         Workload::ZeroFill,
     ];
 
@@ -91,6 +96,7 @@ impl Workload {
             Workload::Pft => "pft",
             Workload::Ebizzy => "ebizzy",
             Workload::Mlock1 => "mlock1",
+            Workload::Fork1 => "fork1",
             Workload::ZeroFill => "zero_fill",
         }
     }
@@ -112,6 +118,9 @@ impl Workload {
             Workload::Pft => "one private region, each thread faults its share once (op = fault)",
             Workload::Ebizzy => "ebizzy -mT: map 512 KiB, write one byte per page, unmap (op = record)",
             Workload::Mlock1 => "mlock and munlock 64 KiB in a loop (op = mlock+munlock)",
+            Workload::Fork1 => {
+                "touch 1 MiB private, then fork; the child writes every page (copy-on-write) and exits (op = fork)"
+            }
             Workload::ZeroFill => "zero 4 KiB pages of the same footprint (op = page): the zero-fill limit",
         }
     }
@@ -143,7 +152,12 @@ impl Workload {
     pub fn footprint_per_thread(self, sizes: &Sizes) -> u64 {
         match self {
             Workload::PageFault1 | Workload::PageFault2 | Workload::PageFault3 => sizes.region,
-            Workload::Malloc1 | Workload::Mmap1 | Workload::Brk1 | Workload::Mlock1 | Workload::ZeroFill => 1 << 20,
+            Workload::Malloc1
+            | Workload::Mmap1
+            | Workload::Brk1
+            | Workload::Mlock1
+            | Workload::Fork1
+            | Workload::ZeroFill => 1 << 20,
             Workload::Pft => 0,
             Workload::Ebizzy => sizes.ebizzy_chunk,
         }

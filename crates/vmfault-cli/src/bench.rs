@@ -169,7 +169,7 @@ mod tests {
         assert!(!p.base.zero_page);
         assert_eq!(p.user_settings.get("zero_page").map(String::as_str), Some("false"));
         assert_eq!(p.compare, Some(("prefault".into(), vec!["true".into(), "false".into()])));
-        assert_eq!(plan(&args("vmfault bench all")).unwrap().workloads.len(), 9);
+        assert_eq!(plan(&args("vmfault bench all")).unwrap().workloads.len(), Workload::ALL.len() - 1);
     }
 
     #[test]

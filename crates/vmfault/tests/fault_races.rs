@@ -118,7 +118,11 @@ fn mutate(space: &AddressSpace, state: &mut State, rng: &mut Rng) {
     let all_mapped = state[range.clone()].iter().all(|p| p.mapped);
     let pa = MapFlags::PRIVATE | MapFlags::ANONYMOUS | MapFlags::FIXED;
     let prots = [Prot::NONE, Prot::READ, Prot::READ | Prot::WRITE];
-    match rng.range(0, 10) {
+    match rng.range(0, 11) {
+        // A fork changes nothing the parent can see, but it write-protects
+        // every private PTE, moves pages up collapsed chains and makes the
+        // next store a copy-on-write fault.
+        10 => drop(space.fork().unwrap()),
         0..=3 => {
             let prot = if rng.chance(0.75) { Prot::READ | Prot::WRITE } else { Prot::READ };
             space.mmap(addr(first), n * P, prot, pa).unwrap();

@@ -178,3 +178,43 @@ fn fork_racing_writers_gives_each_child_a_consistent_snapshot() {
         }
     });
 }
+
+/// Two threads fork one space over and over, each child living while the
+/// other thread forks: levels with a live child cannot collapse at the top
+/// of the chain, so the ones below must collapse once their child is gone.
+#[test]
+fn concurrent_forks_keep_chains_short() {
+    each_path(|path| {
+        let vm = test_vm(32 << 20, 4, path);
+        let free = vm.stats().free_pages;
+        {
+            let parent = vm.new_space().unwrap();
+            let p = parent.mmap(0, 8 << 12, RW, PRIV).unwrap();
+            for i in 0..8 {
+                parent.write(p + (i << 12), &[i as u8 + 1]).unwrap();
+            }
+            let threads: Vec<_> = (0..2u64)
+                .map(|t| {
+                    let (parent, vm) = (parent.clone(), vm.clone());
+                    std::thread::spawn(move || {
+                        let _cpu = vm.attach().unwrap();
+                        for n in 0..300u64 {
+                            let child = parent.fork().unwrap();
+                            for i in 0..4 {
+                                let page = p + ((t * 4 + i) << 12);
+                                assert_eq!(read(&child, page, 1), [(t * 4 + i) as u8 + 1]);
+                                child.write(page + 8, &n.to_le_bytes()).unwrap();
+                            }
+                        }
+                    })
+                })
+                .collect();
+            for t in threads {
+                t.join().unwrap();
+            }
+            let depth = parent.max_chain_depth();
+            assert!(depth <= 4, "{path:?}: chain depth {depth} after 600 concurrent forks");
+        }
+        assert_eq!(vm.stats().free_pages, free, "{path:?}: frames leaked");
+    });
+}

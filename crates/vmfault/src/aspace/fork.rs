@@ -11,9 +11,12 @@
 //! faults its pages in from the chain, as a real child does after its
 //! first access.
 //!
-//! Before shadowing, chains that the other side of an earlier fork has left
-//! are collapsed (`Object::collapse_locked`), so fork/exit cycles do not
-//! grow them.
+//! Once the parent's old VMAs are retired, chains that the other side of an
+//! earlier fork has left are collapsed (`Object::collapse_locked`), so
+//! fork/exit cycles do not grow them. Faults of every path walk the chains:
+//! the classic one under the map lock, the lockless ones validated by the
+//! VMA's state, which a collapse (under retired VMAs) or a removal changes
+//! first.
 //!
 //! Everything happens under the parent's map lock held for writing: the
 //! parent's VMAs are replaced (retired: speculative faults on them abort,
@@ -28,7 +31,7 @@ use std::sync::Arc;
 use super::vma::Vma;
 use super::{AddressSpace, Space};
 use crate::error::{Error, Op, Result};
-use crate::object::Object;
+use crate::object::{Absorbed, Object};
 use crate::stats::Counter;
 use crate::types::Prot;
 use crate::vm::Ctx;
@@ -56,8 +59,7 @@ impl AddressSpace {
     /// ```
     ///
     /// Errors: `ENOMEM` when frames for the new objects' indexes run out
-    /// (the parent is then unchanged, apart from collapsed chains, which
-    /// read the same).
+    /// (the parent is then unchanged).
     pub fn fork(&self) -> Result<AddressSpace> {
         let s = &self.s;
         let child = AddressSpace::new(s.vm.clone())
@@ -90,22 +92,18 @@ impl Space {
         let nomem = |what| Error::NoMemory { op: Op::Fork, what };
         let m = &self.vm.m;
         let mut frames = Vec::new();
-        let mut old_backing = Vec::new();
+        let mut absorbed = Vec::new();
         let mut narrowed = 0;
         let replaced = {
             let mut map = self.map_write(ctx);
             let vmas: Vec<Arc<Vma>> = map.iter().cloned().collect();
-            // Plan everything that can fail before changing anything but
-            // the (equivalent) collapsed chains.
+            // Everything that can fail comes first.
             let mut fronts: Vec<(Arc<Object>, Arc<Object>)> = Vec::new();
             let mut child_vmas = Vec::with_capacity(vmas.len());
             for v in &vmas {
                 let object = match v.object.get() {
                     Some(o) if !v.is_shared() => {
                         if !fronts.iter().any(|(old, _)| Arc::ptr_eq(old, o)) {
-                            let n = o.collapse_locked(ctx, &mut frames, &mut old_backing);
-                            let n = n.map_err(|_| nomem("an object's page-index node"))?;
-                            ctx.count_n(Counter::shadow_collapses, u64::from(n));
                             let front = Object::new_shadow(ctx, m, o, false).map_err(|_| nomem("a shadow object"))?;
                             fronts.push((o.clone(), front));
                         }
@@ -115,7 +113,9 @@ impl Space {
                 };
                 child_vmas.push(Arc::new(Vma::new(v.start, v.end, v.prot, v.flags, v.pgoff, object)));
             }
-            // The parent's private VMAs move onto their new front objects.
+            // The parent's private VMAs move onto their new front objects;
+            // the old ones are retired and their read-lockers waited for
+            // before anything under them changes.
             let mut replaced = Vec::new();
             let (mut lo, mut hi) = (u64::MAX, 0);
             for v in &vmas {
@@ -128,6 +128,14 @@ impl Space {
                 (lo, hi) = (lo.min(v.start), hi.max(v.end));
             }
             map.wait_readers((lo < hi).then_some((lo, hi)));
+            // Chains that the other side of an earlier fork has left collapse
+            // now, before the new level goes on top. Lacking frames, a chain
+            // just stays longer.
+            for (old, _) in &fronts {
+                if let Ok(n) = old.collapse_locked(ctx, &mut frames, &mut absorbed) {
+                    ctx.count_n(Counter::shadow_collapses, u64::from(n));
+                }
+            }
             // Their pages are now shared with the child: read-only.
             for v in &replaced {
                 if v.prot.contains(Prot::WRITE) {
@@ -141,7 +149,7 @@ impl Space {
             replaced
         };
         self.finish(ctx, narrowed, &frames, false);
-        drop(m.rcu.reclaim(&mut old_backing, true));
+        Absorbed::release(absorbed, &m.rcu);
         drop(replaced);
         Ok(())
     }

@@ -73,33 +73,81 @@ pub(super) fn resolve_stable(
         Some(o) => o.find(pindex, &ctx.rcu_read()),
         None => Found::Zero,
     };
-    let mut fresh = None;
-    let write = fault.access == Access::Write;
-    if may_allocate(ctx, vma, &fault) && !matches!(found, Found::Own(_)) && (write || found == Found::Zero) {
-        let o = object.expect("allocating faults have an object");
-        o.reserve(&frames, pindex).map_err(|_| nomem("an object's page-index node"))?;
-        let mut frame = frames.alloc().ok_or_else(|| {
+    let fresh = new_page(ctx, &frames, vma, object, pindex, found, &fault).map_err(|lack| {
+        if lack == Lack::Frame {
             ctx.count(Counter::fault_nomem);
-            nomem("a data page")
-        })?;
-        match found {
-            Found::Below(src) => phys.copy_into(&mut frame, src),
-            _ => phys.zero(&mut frame),
         }
-        fresh = Some(frame);
-    }
+        nomem(lack.what())
+    })?;
 
     let section = ctx.rcu_read();
-    let (existing, below) = match object.map_or(Found::Zero, |o| o.find(pindex, &section)) {
-        Found::Own(p) => (Some(p), None),
-        Found::Below(p) => (None, Some(p)),
-        Found::Zero => (None, None),
-    };
+    let (existing, below) = split(object.map_or(Found::Zero, |o| o.find(pindex, &section)));
     let (ptl, contended) = Pmap::lock(phys, &leaf);
     if contended {
         ctx.count(Counter::pte_lock_contended);
     }
     commit_locked(ctx, &frames, vma, &leaf, &ptl, Commit { object, pindex, existing, below, fresh }, fault, f)
+}
+
+/// What a fault could not get for its new page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Lack {
+    /// A node of the object's page index.
+    Index,
+    /// The data page itself.
+    Frame,
+}
+
+impl Lack {
+    fn what(self) -> &'static str {
+        match self {
+            Lack::Index => "an object's page-index node",
+            Lack::Frame => "a data page",
+        }
+    }
+}
+
+/// The new page a fault needs, filled before any lock (the bulk of a
+/// fault's work): none if the object has its own page, or if this is a
+/// read of a page below (mapped read-only) or of untouched private memory
+/// that maps the zero page; else a zeroed page, or for a write over a page
+/// below, a copy of it (copy-on-write). `found` is where the chain had the
+/// page when the caller looked.
+pub(super) fn new_page(
+    ctx: &Ctx<'_>,
+    frames: &Frames<'_>,
+    vma: &Vma,
+    object: Option<&Arc<Object>>,
+    pindex: u64,
+    found: Found,
+    fault: &Fault,
+) -> Result<Option<OwnedFrame>, Lack> {
+    let write = fault.access == Access::Write;
+    let needed = match found {
+        Found::Own(_) => false,
+        Found::Below(_) => write,
+        Found::Zero => true,
+    };
+    if !needed || !may_allocate(ctx, vma, fault) || !vma.prot.allows(fault.access) {
+        return Ok(None);
+    }
+    let o = object.expect("allocating faults have an object");
+    o.reserve(frames, pindex).map_err(|_| Lack::Index)?;
+    let mut frame = frames.alloc().ok_or(Lack::Frame)?;
+    match found {
+        Found::Below(src) => frames.phys().copy_into(&mut frame, src),
+        _ => frames.phys().zero(&mut frame),
+    }
+    Ok(Some(frame))
+}
+
+/// A lookup's result as (own page, page below).
+pub(super) fn split(found: Found) -> (Option<Pfn>, Option<Pfn>) {
+    match found {
+        Found::Own(p) => (Some(p), None),
+        Found::Below(p) => (None, Some(p)),
+        Found::Zero => (None, None),
+    }
 }
 
 /// What a fault has prepared before taking the PTE lock.

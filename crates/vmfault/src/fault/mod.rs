@@ -96,9 +96,6 @@ pub(crate) enum Abort {
     VmaChanged,
     /// The VMA has no object yet.
     NoAnon,
-    /// The VMA needs what the lockless paths do not do (a copy-on-write
-    /// chain to walk).
-    NotSup,
     /// The VMA does not allow the access (the classic path reports it).
     Access,
     /// Page-table levels are missing.
@@ -113,7 +110,6 @@ impl Abort {
             Abort::NoVma => None,
             Abort::VmaChanged => Some(Counter::spf_vma_changed),
             Abort::NoAnon => Some(Counter::spf_vma_noanon),
-            Abort::NotSup => Some(Counter::spf_vma_notsup),
             Abort::Access => Some(Counter::spf_vma_access),
             Abort::PmdChanged => Some(Counter::spf_pmd_changed),
             Abort::NoMem => Some(Counter::spf_nomem),
@@ -125,7 +121,6 @@ impl Abort {
             Abort::NoVma => "no_vma",
             Abort::VmaChanged => "vma_changed",
             Abort::NoAnon => "vma_noanon",
-            Abort::NotSup => "vma_notsup",
             Abort::Access => "vma_access",
             Abort::PmdChanged => "pmd_changed",
             Abort::NoMem => "nomem",

@@ -27,6 +27,7 @@
 use super::anon::{self, Commit};
 use super::{Abort, Fault, Resolved};
 use crate::aspace::Space;
+use crate::object::Found;
 use crate::phys::Pfn;
 use crate::stats::Counter;
 use crate::sync::spin;
@@ -49,21 +50,14 @@ pub(super) fn fault(ctx: &Ctx<'_>, space: &Space, fault: Fault, f: &mut impl FnM
     if allocate && object.is_none() {
         return Err(Abort::NoAnon);
     }
-    if object.is_some_and(|o| o.has_backing(&section)) {
-        // Copy-on-write chains are walked under the map lock only.
-        return Err(Abort::NotSup);
-    }
     let leaf = space.pmap.pte(phys, fault.addr).ok_or(Abort::PmdChanged)?;
     let pindex = vma.pindex(fault.addr);
-    let existing = object.and_then(|o| o.lookup(pindex));
-    let mut fresh = None;
-    if existing.is_none() && allocate {
-        let o = object.expect("checked above");
-        o.reserve(&frames, pindex).map_err(|_| Abort::NoMem)?;
-        let mut frame = frames.alloc().ok_or(Abort::NoMem)?;
-        phys.zero(&mut frame);
-        fresh = Some(frame);
-    }
+    // Down the copy-on-write chain too: a collapse, which moves pages up
+    // it, retires the VMAs first, so the re-check below catches a walk it
+    // raced with.
+    let found = object.map_or(Found::Zero, |o| o.find(pindex, &section));
+    let (existing, below) = anon::split(found);
+    let fresh = anon::new_page(ctx, &frames, vma, object, pindex, found, &fault).map_err(|_| Abort::NoMem)?;
     let ptl = &phys.page(leaf.node).ptl;
     let mut spins = 0;
     let guard = loop {
@@ -80,15 +74,6 @@ pub(super) fn fault(ctx: &Ctx<'_>, space: &Space, fault: Fault, f: &mut impl FnM
         }
         return Err(Abort::VmaChanged);
     }
-    anon::commit_locked(
-        ctx,
-        &frames,
-        vma,
-        &leaf,
-        &guard,
-        Commit { object, pindex, existing, below: None, fresh },
-        fault,
-        f,
-    )
-    .map_err(|_| Abort::NoMem)
+    anon::commit_locked(ctx, &frames, vma, &leaf, &guard, Commit { object, pindex, existing, below, fresh }, fault, f)
+        .map_err(|_| Abort::NoMem)
 }

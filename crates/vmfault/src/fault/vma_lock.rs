@@ -22,6 +22,7 @@ use super::anon::{self, Commit};
 use super::{Abort, Fault, Resolved};
 use crate::aspace::Space;
 use crate::error::{Result, SegvCode};
+use crate::object::Found;
 use crate::phys::Pfn;
 use crate::pmap::Pmap;
 use crate::stats::Counter;
@@ -45,22 +46,14 @@ pub(super) fn fault(
     if allocate && object.is_none() {
         return Err(Abort::NoAnon);
     }
-    if object.is_some_and(|o| o.has_backing(&pin)) {
-        // Copy-on-write chains are walked under the map lock only.
-        return Err(Abort::NotSup);
-    }
+    // Under the read lock the chain is stable: pages leave an object, or
+    // move up a copy-on-write chain, only once its VMAs are retired and
+    // their pins waited for.
     let pindex = vma.pindex(fault.addr);
-    let mut fresh = None;
-    if allocate && vma.prot.allows(fault.access) {
-        let o = object.expect("checked above");
-        if o.lookup(pindex).is_none() {
-            o.reserve(&frames, pindex).map_err(|_| Abort::NoMem)?;
-            let mut frame = frames.alloc().ok_or(Abort::NoMem)?;
-            ctx.m.phys.zero(&mut frame);
-            fresh = Some(frame);
-        }
-    }
-    locked(ctx, space, vma, &frames, Commit { object, pindex, existing: None, below: None, fresh }, fault, f)
+    let found = object.map_or(Found::Zero, |o| o.find(pindex, &pin));
+    let fresh = anon::new_page(ctx, &frames, vma, object, pindex, found, &fault).map_err(|_| Abort::NoMem)?;
+    let (existing, below) = anon::split(found);
+    locked(ctx, space, vma, &frames, Commit { object, pindex, existing, below, fresh }, fault, f)
 }
 
 /// The install with `vma` read-locked (stable: its range cannot be pruned,
@@ -87,12 +80,6 @@ fn locked(
             return Err(Abort::NoMem);
         }
     };
-    c.existing = c.object.and_then(|o| o.lookup(c.pindex));
-    if c.existing.is_none() && c.fresh.is_none() && anon::may_allocate(ctx, vma, &fault) {
-        // The page was resident when we looked and is gone now: only a
-        // retired VMA loses pages, and ours is locked; take the slow path.
-        return Err(Abort::VmaChanged);
-    }
     let (ptl, contended) = Pmap::lock(phys, &leaf);
     if contended {
         ctx.count(Counter::pte_lock_contended);

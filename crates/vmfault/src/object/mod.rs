@@ -31,7 +31,7 @@
 
 mod shadow;
 
-pub(crate) use shadow::Found;
+pub(crate) use shadow::{Absorbed, Found};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -56,6 +56,10 @@ pub(crate) struct Object {
     backing: RcuBox<Option<Arc<Object>>>,
     /// `[a]` objects whose `backing` is this one (BSD's `shadow_count`).
     shadows: AtomicU32,
+    /// `[O]` the object lock: serializes collapses into this object (and
+    /// out of it), which spaces sharing the level may attempt at once.
+    /// Taken top-down along a chain, inside the map lock.
+    lock: std::sync::Mutex<()>,
     /// `[I]` made for the child side of a `fork` (or in front of such an
     /// object): Linux's anon_vma chain of such a VMA is not singular, so it
     /// neither merges with a VMA that has no object nor lends its object to
@@ -88,16 +92,9 @@ impl Object {
             m: m.clone(),
             backing: RcuBox::new(below),
             shadows: AtomicU32::new(0),
+            lock: std::sync::Mutex::new(()),
             inherited,
         }))
-    }
-
-    /// The page at `pindex` in this object (not below it), if resident.
-    /// Use inside an RCU section (or under the map lock) and only while there.
-    #[inline]
-    pub(crate) fn lookup(&self, pindex: u64) -> Option<Pfn> {
-        let e = self.entry(pindex);
-        (e & PRESENT != 0).then_some(Pfn((e >> 12) as u32))
     }
 
     /// The raw entry at `pindex` (0 if none).

@@ -24,9 +24,11 @@
 //! shadow lacks move up (same frames: PTEs that map them stay valid), the
 //! rest are freed, and the shadow's backing becomes the absorbed object's.
 //! Repeated fork/exit therefore keeps chains short. This needs the map
-//! lock of that space for writing: classic faults walk the chain under it,
-//! and lockless faults do not walk chains at all (they fall back when the
-//! front object has a backing object).
+//! lock of that space for writing (classic faults walk the chain under it)
+//! and the VMAs that map the shadow retired, their per-VMA read-lockers
+//! waited for: lockless faults walk chains too, and one that raced the move
+//! (and may have missed a page between two levels) then fails its final
+//! check.
 //!
 //! DragonFly limits chains the same way (its `vm_map_backing` records hang
 //! off the map entry); Linux has no chains: its anonymous pages are shared
@@ -69,12 +71,6 @@ impl Object {
         Self::with_backing(ctx, m, Some(below.clone()), child || below.inherited)
     }
 
-    /// Whether this object has an object below it.
-    #[inline]
-    pub(crate) fn has_backing(&self, section: &RcuReadGuard<'_>) -> bool {
-        self.backing.read(section).is_some()
-    }
-
     /// Objects in the chain, this one included.
     pub(crate) fn depth(&self, section: &RcuReadGuard<'_>) -> u32 {
         let mut n = 1;
@@ -87,10 +83,18 @@ impl Object {
     }
 
     /// Find the page at `pindex` from this object down.
+    ///
+    /// Each level's backing pointer is loaded (Acquire) *before* its entry:
+    /// a collapse publishes the page it moves up into this level before it
+    /// switches the pointer past the level it came from, so a walker that
+    /// sees the new pointer also sees the page, and one that sees the old
+    /// pointer finds the page where it was (the absorbed level keeps its
+    /// entries until a grace period has passed).
     pub(crate) fn find<'a>(&'a self, pindex: u64, section: &'a RcuReadGuard<'_>) -> Found {
         let mut o = self;
         let mut own = true;
         loop {
+            let below = o.backing.read(section);
             let e = o.entry(pindex);
             if e & PRESENT != 0 {
                 let pfn = Pfn((e >> 12) as u32);
@@ -99,7 +103,7 @@ impl Object {
             if e & HOLE != 0 {
                 return Found::Zero;
             }
-            match o.backing.read(section) {
+            match below {
                 Some(b) => {
                     o = b;
                     own = false;
@@ -166,65 +170,123 @@ impl Object {
         n
     }
 
-    /// If the object below has no other shadow, absorb it: move up the
-    /// pages this object lacks, free the rest onto `out` (after a grace
-    /// period), take its backing as ours. Repeats down the chain. The old
-    /// backing pointers go onto `retired`.
+    /// Down the chain from this object, let every level absorb the object
+    /// below it when that object has no other shadow: the pages the level
+    /// lacks move up (same frames, so PTEs that map them stay valid), the
+    /// hidden ones go onto `out` (to free after a grace period), and the
+    /// level's backing becomes the absorbed object's. The absorbed objects
+    /// come back with their old pointers: pass them to
+    /// [`Absorbed::release`] once a grace period has passed.
+    ///
+    /// Other spaces may be walking the levels below this object (children
+    /// whose chains pass through them); `find`'s load order keeps them
+    /// right. The top levels are another matter: new pages appear only in
+    /// front objects, so this object's VMAs must be retired and waited for.
     ///
     /// # Preconditions
     /// The map lock of the one space whose VMAs map this object is held
-    /// for writing (no fault walks the chain meanwhile).
+    /// for writing and those VMAs are retired (their lockless faults fail
+    /// their final check, their read-lockers were waited for).
     pub(crate) fn collapse_locked(
-        &self,
+        self: &Arc<Self>,
         ctx: &Ctx<'_>,
         out: &mut Vec<Pfn>,
-        retired: &mut Vec<OldBacking>,
+        absorbed: &mut Vec<Absorbed>,
     ) -> Result<u32, OutOfFrames> {
-        let frames = ctx.frames();
-        let phys = frames.phys();
         let mut collapsed = 0;
+        let mut level = self.clone();
         loop {
             let below = {
                 let section = ctx.rcu_read();
-                match self.backing.read(&section) {
-                    Some(b) if b.shadows.load(Ordering::Relaxed) == 1 => b.clone(),
-                    _ => return Ok(collapsed),
+                match level.backing.read(&section) {
+                    Some(b) => b.clone(),
+                    None => return Ok(collapsed),
                 }
             };
-            // Reserve every slot first, so that a lack of frames leaves
-            // both objects as they were.
-            let mut moving = Vec::new();
-            below.index.for_each_present(phys, 0, u64::MAX, |i, leaf| {
-                moving.push((i, leaf.entry.load(Ordering::Relaxed)));
-            });
-            for &(i, _) in &moving {
-                self.index.leaf_alloc(&frames, i)?;
+            if below.shadows.load(Ordering::Relaxed) != 1 {
+                level = below;
+                continue;
             }
-            for (i, e) in moving {
-                let mine = self.index.leaf(phys, i).expect("reserved above");
-                let below_leaf = below.index.leaf(phys, i).expect("present above");
-                below_leaf.entry.store(0, Ordering::Relaxed);
-                if mine.entry.load(Ordering::Relaxed) != 0 {
-                    // Hidden by our page or hole: nobody maps it.
-                    if e & PRESENT != 0 {
-                        out.push(Pfn((e >> 12) as u32));
-                    }
-                    continue;
-                }
-                if e & PRESENT != 0 {
-                    phys.page(Pfn((e >> 12) as u32)).object.store(self.id, Ordering::Relaxed);
-                }
-                mine.entry.store(e, Ordering::Release);
-            }
-            let deeper = {
-                let section = ctx.rcu_read();
-                below.backing.read(&section).clone()
-            };
-            if let Some(d) = &deeper {
-                d.shadows.fetch_add(1, Ordering::Relaxed);
-            }
-            retired.push(self.backing.replace(&self.m.rcu, deeper));
+            let Some(old) = absorb(ctx, &level, &below, out)? else { continue };
+            absorbed.push(Absorbed { object: below, old });
             collapsed += 1;
+        }
+    }
+}
+
+/// `level` absorbs `below` (see [`Object::collapse_locked`]); `None` if the
+/// chain changed meanwhile.
+fn absorb(
+    ctx: &Ctx<'_>,
+    level: &Arc<Object>,
+    below: &Arc<Object>,
+    out: &mut Vec<Pfn>,
+) -> Result<Option<OldBacking>, OutOfFrames> {
+    let frames = ctx.frames();
+    let phys = frames.phys();
+    // Another space that shares this level may be collapsing it
+    // (or the one below) too: lock both, top-down, and look again.
+    let _mine = level.lock.lock().unwrap_or_else(|p| p.into_inner());
+    let _theirs = below.lock.lock().unwrap_or_else(|p| p.into_inner());
+    let still = {
+        let section = ctx.rcu_read();
+        level.backing.read(&section).as_ref().is_some_and(|b| Arc::ptr_eq(b, below))
+    };
+    if !still || below.shadows.load(Ordering::Relaxed) != 1 {
+        return Ok(None);
+    }
+    // Reserve every slot first, so that a lack of frames leaves
+    // both objects as they were.
+    let mut entries = Vec::new();
+    below.index.for_each_present(phys, 0, u64::MAX, |i, leaf| {
+        entries.push((i, leaf.entry.load(Ordering::Relaxed)));
+    });
+    for &(i, _) in &entries {
+        level.index.leaf_alloc(&frames, i)?;
+    }
+    for (i, e) in entries {
+        let mine = level.index.leaf(phys, i).expect("reserved above");
+        if mine.entry.load(Ordering::Relaxed) != 0 {
+            // Hidden by this level's page or hole: nobody maps it.
+            if e & PRESENT != 0 {
+                out.push(Pfn((e >> 12) as u32));
+            }
+            continue;
+        }
+        if e & PRESENT != 0 {
+            phys.page(Pfn((e >> 12) as u32)).object.store(level.id, Ordering::Relaxed);
+        }
+        // Release: published before the pointer switch below.
+        mine.entry.store(e, Ordering::Release);
+    }
+    let deeper = {
+        let section = ctx.rcu_read();
+        below.backing.read(&section).clone()
+    };
+    if let Some(d) = &deeper {
+        d.shadows.fetch_add(1, Ordering::Relaxed);
+    }
+    Ok(Some(level.backing.replace(&level.m.rcu, deeper)))
+}
+
+/// An object absorbed by a collapse, waiting for a grace period: walkers
+/// that loaded the pointer to it may still read its entries, which still
+/// name the frames it gave away.
+#[derive(Debug)]
+pub(crate) struct Absorbed {
+    object: Arc<Object>,
+    old: OldBacking,
+}
+
+impl Absorbed {
+    /// After a grace period: forget the frames (now owned by the level
+    /// above, or freed as hidden) and let the object go.
+    pub(crate) fn release(list: Vec<Absorbed>, rcu: &crate::sync::rcu::Rcu) {
+        let (objects, mut olds): (Vec<_>, Vec<_>) = list.into_iter().map(|a| (a.object, a.old)).unzip();
+        drop(rcu.reclaim(&mut olds, true));
+        debug_assert!(olds.is_empty(), "a grace period has passed");
+        for o in objects {
+            o.index.for_each_present(&o.m.phys, 0, u64::MAX, |_, leaf| leaf.entry.store(0, Ordering::Relaxed));
         }
     }
 }
