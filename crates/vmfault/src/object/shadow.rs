@@ -94,8 +94,7 @@ impl Object {
         let mut o = self;
         let mut own = true;
         loop {
-            let below = o.backing.read(section);
-            let e = o.entry(pindex);
+            let (below, e) = o.backing.read_then(section, || o.entry(pindex));
             if e & PRESENT != 0 {
                 let pfn = Pfn((e >> 12) as u32);
                 return if own { Found::Own(pfn) } else { Found::Below(pfn) };

@@ -417,6 +417,23 @@ impl<T> RcuBox<T> {
         unsafe { &*self.ptr.load(Ordering::Acquire) }
     }
 
+    /// The current value, then `after()`, in that order: the Acquire load
+    /// of the pointer orders every load `after` makes after it. Shadow
+    /// chains rely on this (`object::shadow`): a level's backing pointer is
+    /// read before the level's entry, so a walker that sees a collapse's
+    /// new pointer also sees the page the collapse moved up.
+    /// `--cfg vmfault_mutation="shadow_entry_first"` reverses the order, and
+    /// `tests/loom_shadow.rs` then fails.
+    #[inline]
+    pub fn read_then<'a, R>(&'a self, section: &'a RcuReadGuard<'_>, after: impl FnOnce() -> R) -> (&'a T, R) {
+        if cfg!(vmfault_mutation = "shadow_entry_first") {
+            let r = after();
+            return (self.read(section), r);
+        }
+        let v = self.read(section);
+        (v, after())
+    }
+
     /// The value, which no reader can be using (`&mut self`).
     pub fn get_mut(&mut self) -> &mut T {
         // SAFETY: never null, from `Box::into_raw`; `&mut self` means no
