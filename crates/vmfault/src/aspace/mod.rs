@@ -153,10 +153,12 @@ impl MapWrite<'_> {
     /// The union of `start..end` and the VMAs overlapping it (what a carve
     /// or renew of the range retires), if there are any.
     fn span(&self, start: u64, end: u64) -> Option<(u64, u64)> {
-        let mut hit = self.guard.overlapping(start, end);
-        let first = hit.next()?;
-        let last = hit.last().unwrap_or(first);
-        Some((first.start.min(start), last.end.max(end)))
+        // Lookups, not an iteration: this runs on every munmap.
+        let map = &*self.guard;
+        map.find_from(start).filter(|v| v.start < end)?;
+        let lo = map.find(start).map_or(start, |v| v.start);
+        let hi = map.find(end - 1).map_or(end, |v| v.end);
+        Some((lo, hi))
     }
 
     /// Wait for faults holding the read lock of a VMA retired in `span`.

@@ -75,11 +75,15 @@ impl Space {
         start: u64,
         end: u64,
     ) -> Result<()> {
-        for v in map.overlapping(start, end) {
+        // Lookups, not an iteration (no allocation): this runs on every
+        // munmap and mmap.
+        let mut pos = start;
+        while let Some(v) = map.find_from(pos).filter(|v| v.start < end) {
             if let (false, Some(o)) = (v.is_shared(), v.object.get()) {
                 let (s, e) = (v.pindex(v.start.max(start)), v.pindex(v.end.min(end)));
                 o.reserve_holes(ctx, s, e).map_err(|_| Error::NoMemory { op, what: "an object's page-index node" })?;
             }
+            pos = v.end;
         }
         Ok(())
     }
