@@ -28,7 +28,10 @@
 //! and the VMAs that map the shadow retired, their per-VMA read-lockers
 //! waited for: lockless faults walk chains too, and one that raced the move
 //! (and may have missed a page between two levels) then fails its final
-//! check.
+//! check. A speculative fault that passed that check just before the
+//! retirement may still insert its page into the top level while the
+//! collapse runs, so pages move up with a CAS from empty, and a page that
+//! lost the race counts as hidden.
 //!
 //! DragonFly limits chains the same way (its `vm_map_backing` records hang
 //! off the map entry); Linux has no chains: its anonymous pages are shared
@@ -119,8 +122,13 @@ impl Object {
         let mut out = Vec::new();
         let mut o: &Object = below;
         loop {
-            o.index.for_each_present(&self.m.phys, start, end, |i, _| out.push(i));
-            match o.backing.read(section) {
+            // Pointer first, then entries, as in `find`: another space may
+            // be collapsing these levels, and a page it moves up must be
+            // seen either where it was or where it went.
+            let (next, ()) = o.backing.read_then(section, || {
+                o.index.for_each_present(&self.m.phys, start, end, |i, _| out.push(i));
+            });
+            match next {
                 Some(b) => o = b,
                 None => break,
             }
@@ -179,8 +187,9 @@ impl Object {
     ///
     /// Other spaces may be walking the levels below this object (children
     /// whose chains pass through them); `find`'s load order keeps them
-    /// right. The top levels are another matter: new pages appear only in
-    /// front objects, so this object's VMAs must be retired and waited for.
+    /// right. This object's own faults are another matter: its VMAs must be
+    /// retired and waited for, and a fault already past its final check
+    /// may still insert a page here, which the move's CAS respects.
     ///
     /// # Preconditions
     /// The map lock of the one space whose VMAs map this object is held
@@ -245,18 +254,22 @@ fn absorb(
     }
     for (i, e) in entries {
         let mine = level.index.leaf(phys, i).expect("reserved above");
-        if mine.entry.load(Ordering::Relaxed) != 0 {
-            // Hidden by this level's page or hole: nobody maps it.
-            if e & PRESENT != 0 {
-                out.push(Pfn((e >> 12) as u32));
-            }
-            continue;
-        }
+        // A CAS from empty, not a store: a speculative fault that passed its
+        // final check just before the VMAs were retired may still be
+        // inserting its own page here (Release: the move is published
+        // before the pointer switch below).
+        let moved = mine.entry.compare_exchange(0, e, Ordering::AcqRel, Ordering::Relaxed).is_ok();
         if e & PRESENT != 0 {
-            phys.page(Pfn((e >> 12) as u32)).object.store(level.id, Ordering::Relaxed);
+            let pfn = Pfn((e >> 12) as u32);
+            if moved {
+                phys.page(pfn).object.store(level.id, Ordering::Relaxed);
+            } else {
+                // Hidden by this level's page or hole: nobody maps it (a
+                // PTE that mapped it read-only was replaced when the page
+                // above was installed).
+                out.push(pfn);
+            }
         }
-        // Release: published before the pointer switch below.
-        mine.entry.store(e, Ordering::Release);
     }
     let deeper = {
         let section = ctx.rcu_read();
