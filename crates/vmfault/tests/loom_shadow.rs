@@ -11,11 +11,19 @@
 //! `--cfg vmfault_mutation="shadow_entry_first"` (the entry first) the walker
 //! can read `L` before the page arrives and the new pointer after it, and
 //! miss the page: the model then fails.
+//!
+//! A second model races the move itself (the real `sync::publish_if_empty`)
+//! with a speculative fault of the collapsing space that passed its final
+//! check just before the retirement and now inserts its own copy into `L`
+//! (a CAS from empty, as `Object::insert` does). The fault's page must
+//! survive; with `--cfg vmfault_mutation="shadow_move_store"` (the move a
+//! plain store) it is overwritten and the model fails.
 #![cfg(loom)]
 
 use loom::sync::Arc;
 use loom::sync::atomic::{AtomicU64, Ordering};
 use loom::thread;
+use vmfault::sync::publish_if_empty;
 use vmfault::sync::rcu::{Rcu, RcuBox, RcuReadGuard};
 
 /// One level of a chain: a one-page index and the pointer to the level below.
@@ -67,5 +75,29 @@ fn a_walker_finds_the_page_a_collapse_moves_up() {
         drop(rcu.reclaim(&mut old, true));
         absorbed.entry.store(0, Ordering::Relaxed);
         walker.join().unwrap();
+    });
+}
+
+/// "Frame 9, present": the fault's own copy.
+const OWN: u64 = (9 << 12) | 1;
+
+#[test]
+#[cfg_attr(vmfault_mutation = "shadow_move_store", should_panic)]
+fn a_collapse_never_overwrites_a_page_a_fault_inserts() {
+    loom::model(|| {
+        let slot = Arc::new(AtomicU64::new(0));
+        let fault = {
+            let slot = slot.clone();
+            thread::spawn(move || slot.compare_exchange(0, OWN, Ordering::AcqRel, Ordering::Acquire).is_ok())
+        };
+        let moved = publish_if_empty(&*slot, PAGE);
+        let inserted = fault.join().unwrap();
+        let end = slot.load(Ordering::Acquire);
+        if inserted {
+            assert_eq!(end, OWN, "the collapse overwrote the fault's page");
+            assert!(!moved, "the absorbed page must count as hidden");
+        } else {
+            assert_eq!(end, PAGE);
+        }
     });
 }

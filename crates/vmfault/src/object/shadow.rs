@@ -258,7 +258,7 @@ fn absorb(
         // final check just before the VMAs were retired may still be
         // inserting its own page here (Release: the move is published
         // before the pointer switch below).
-        let moved = mine.entry.compare_exchange(0, e, Ordering::AcqRel, Ordering::Relaxed).is_ok();
+        let moved = crate::sync::publish_if_empty(mine.entry, e);
         if e & PRESENT != 0 {
             let pfn = Pfn((e >> 12) as u32);
             if moved {

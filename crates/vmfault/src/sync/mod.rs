@@ -11,6 +11,7 @@
 //! - [`spin`]: the word lock used as the PTE lock (`[P]`), with a try-lock.
 //! - [`percpu`]: per-CPU caches another CPU can drain (protocols 1 and 2).
 //! - [`vma_state`]: a VMA's sequence count and per-VMA lock (protocols 3 and 4).
+//! - [`publish_if_empty`]: how a collapse moves a page up a shadow chain.
 //!
 //! Under `--cfg loom` the atomics, fences and spin hints are loom's.
 
@@ -19,6 +20,49 @@ pub mod percpu;
 pub mod rcu;
 pub mod spin;
 pub mod vma_state;
+
+/// A word a page can be published into: an object index entry (a `std`
+/// atomic in the frame arena, or loom's in a model).
+pub trait Slot {
+    /// Compare-and-exchange (AcqRel on success).
+    fn cas(&self, current: u64, new: u64) -> Result<u64, u64>;
+    /// Store (Release).
+    fn put(&self, value: u64);
+}
+
+impl Slot for std::sync::atomic::AtomicU64 {
+    fn cas(&self, current: u64, new: u64) -> Result<u64, u64> {
+        self.compare_exchange(current, new, std::sync::atomic::Ordering::AcqRel, std::sync::atomic::Ordering::Relaxed)
+    }
+    fn put(&self, value: u64) {
+        self.store(value, std::sync::atomic::Ordering::Release);
+    }
+}
+
+#[cfg(loom)]
+impl Slot for loom::sync::atomic::AtomicU64 {
+    fn cas(&self, current: u64, new: u64) -> Result<u64, u64> {
+        self.compare_exchange(current, new, loom::sync::atomic::Ordering::AcqRel, loom::sync::atomic::Ordering::Relaxed)
+    }
+    fn put(&self, value: u64) {
+        self.store(value, loom::sync::atomic::Ordering::Release);
+    }
+}
+
+/// Publish `value` into `slot` if the slot is still empty (0); whether it
+/// went in. A collapse moves pages up a shadow chain this way
+/// (`object::shadow`): a speculative fault that passed its final check just
+/// before the collapse's VMAs were retired may be filling the same slot
+/// with its own page, which must win. `tests/loom_shadow.rs` races the two;
+/// with `--cfg vmfault_mutation="shadow_move_store"` (a plain store) the
+/// fault's page is overwritten and the model fails.
+pub fn publish_if_empty(slot: &impl Slot, value: u64) -> bool {
+    if cfg!(vmfault_mutation = "shadow_move_store") {
+        slot.put(value);
+        return true;
+    }
+    slot.cas(0, value).is_ok()
+}
 
 /// Atomics: `std`'s, or loom's under `--cfg loom`.
 pub(crate) mod atomic {
