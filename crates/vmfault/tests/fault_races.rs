@@ -153,7 +153,14 @@ fn mutate(space: &AddressSpace, state: &mut State, rng: &mut Rng) {
     }
 }
 
-fn faulter(space: &AddressSpace, t: usize, seq: &AtomicU64, done: &AtomicBool, seed: u8) -> Vec<Record> {
+fn faulter(
+    space: &AddressSpace,
+    t: usize,
+    seq: &AtomicU64,
+    done: &AtomicBool,
+    progress: &AtomicU64,
+    seed: u8,
+) -> Vec<Record> {
     let mut rng = Rng::new(seed.into());
     let mut log = Vec::new();
     let mut counter = 0u64;
@@ -181,6 +188,7 @@ fn faulter(space: &AddressSpace, t: usize, seq: &AtomicU64, done: &AtomicBool, s
             let b = seq.load(Ordering::SeqCst);
             log.push(Record::Access { page, write, got: got(r), window: (a, b) });
         }
+        progress.fetch_add(1, Ordering::Relaxed);
     }
     log
 }
@@ -218,15 +226,20 @@ fn race(path: FaultPath) {
     let initial = vm.stats().free_pages;
     let seq = Arc::new(AtomicU64::new(0));
     let done = Arc::new(AtomicBool::new(false));
+    // The faulters' accesses so far: the mutator waits for at least one
+    // after each mutation, so the race happens however the threads are
+    // scheduled (no timing assumption).
+    let progress = Arc::new(AtomicU64::new(0));
     let start = Arc::new(Barrier::new(FAULTERS + 1));
     let fresh = PageState { mapped: false, prot: Prot::NONE, generation: 0 };
     let faulters: Vec<_> = (0..FAULTERS)
         .map(|t| {
             let (vm, space, seq, done, start) = (vm.clone(), space.clone(), seq.clone(), done.clone(), start.clone());
+            let progress = progress.clone();
             std::thread::spawn(move || {
                 let _cpu = vm.attach().unwrap();
                 start.wait();
-                faulter(&space, t, &seq, &done, t as u8 + 10)
+                faulter(&space, t, &seq, &done, &progress, t as u8 + 10)
             })
         })
         .collect();
@@ -240,11 +253,23 @@ fn race(path: FaultPath) {
         mutate(&space, &mut state, &mut rng);
         states.push(state);
         seq.fetch_add(1, Ordering::SeqCst);
+        let seen = progress.load(Ordering::Relaxed);
+        let mut spins = 0u32;
+        while progress.load(Ordering::Relaxed) == seen {
+            // Spin while the faulters run beside us; yield only if they
+            // are not running (a yield costs a whole time slice).
+            spins += 1;
+            if spins < 100_000 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
     }
     done.store(true, Ordering::Relaxed);
     let logs: Vec<Vec<Record>> = faulters.into_iter().map(|f| f.join().unwrap()).collect();
     let accesses: usize = logs.iter().map(Vec::len).sum();
-    assert!(accesses > 1000, "fault_path={}: only {accesses} accesses raced", path.name());
+    assert!(accesses >= MUTATIONS, "fault_path={}: only {accesses} accesses raced", path.name());
     for log in &logs {
         check(&states, log, path);
     }
