@@ -45,8 +45,8 @@
 //! │   │                                retires the VMA under [M] and waits for the pins)
 //! │   └── PTE lock [P]
 //! └── anon lock                       (creation of private anonymous objects)
-//!     └── object lock [O]             (reserved: file objects; shadow chains change only
-//!         │                            under the map lock of the space that maps them)
+//!     └── object lock [O]             (a shadow-chain collapse: the absorbing level's, then
+//!         │                            the absorbed one's; under the map lock, top-down)
 //!         └── page busy               (reserved: I/O on a page)
 //!             └── PTE lock [P]        (one word per page-table page; speculative
 //!                 │                    faults only try-lock it, holding nothing else)
