@@ -49,6 +49,40 @@ impl FaultPath {
     }
 }
 
+/// How a page is found back from the mappings that map it (the reverse map).
+///
+/// - `Backing`: one record per mapping of an object range, on the object's
+///   list, and one link per shadow object (DragonFly's `vm_map_backing`):
+///   metadata grows with mappings, not with pages.
+/// - `PvEntry`: one entry per page per PTE that maps it, on the page's list
+///   (BSD's pv entries, Linux 2.5's pte chains): the baseline, kept for
+///   comparison; every fault and every unmapped PTE pays for an entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum Rmap {
+    /// Backing records per mapping (the default).
+    Backing,
+    /// A pv entry per page per mapping.
+    PvEntry,
+}
+
+impl Rmap {
+    /// The knob value: `backing` or `pv`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Rmap::Backing => "backing",
+            Rmap::PvEntry => "pv",
+        }
+    }
+
+    fn parse(v: &str) -> std::result::Result<Rmap, &'static str> {
+        match v.trim() {
+            "backing" => Ok(Rmap::Backing),
+            "pv" | "pv_entry" | "pventry" => Ok(Rmap::PvEntry),
+            _ => Err("expected backing or pv"),
+        }
+    }
+}
+
 /// The configuration of a [`Vm`](crate::Vm).
 ///
 /// ```
@@ -88,6 +122,8 @@ pub struct VmConfig {
     pub pcpu_drain_hz: u32,
     /// How page faults pin their VMA (see [`FaultPath`]).
     pub fault_path: FaultPath,
+    /// How mappings of a page are found (see [`Rmap`]). Default `Backing`.
+    pub rmap: Rmap,
 }
 
 impl Default for VmConfig {
@@ -102,6 +138,7 @@ impl Default for VmConfig {
             pcpu_drain: 0,
             pcpu_drain_hz: 0,
             fault_path: FaultPath::Speculative,
+            rmap: Rmap::Backing,
         }
     }
 }
@@ -132,6 +169,7 @@ impl VmConfig {
             "pcpu_fill" => self.pcpu_fill = parse_usize(value)?,
             "pcpu_drain" => self.pcpu_drain = parse_usize(value)?,
             "fault_path" => self.fault_path = FaultPath::parse(value)?,
+            "rmap" => self.rmap = Rmap::parse(value)?,
             "pcpu_drain_hz" => {
                 self.pcpu_drain_hz = u32::try_from(parse_num(value)?).map_err(|_| "too large for a u32")?
             }
@@ -152,6 +190,7 @@ impl VmConfig {
             ("pcpu_drain", self.pcpu_drain.to_string()),
             ("pcpu_drain_hz", self.pcpu_drain_hz.to_string()),
             ("fault_path", self.fault_path.name().to_string()),
+            ("rmap", self.rmap.name().to_string()),
         ]
     }
 

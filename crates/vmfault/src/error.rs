@@ -28,6 +28,8 @@ pub enum Op {
     Touch,
     /// [`AddressSpace::fork`](crate::AddressSpace::fork).
     Fork,
+    /// [`AddressSpace::msync`](crate::AddressSpace::msync).
+    Msync,
     /// [`Vm::new`](crate::Vm::new).
     NewVm,
     /// [`Vm::new_space`](crate::Vm::new_space).
@@ -43,6 +45,7 @@ impl fmt::Display for Op {
             Op::Munmap => "munmap",
             Op::Mprotect => "mprotect",
             Op::Fork => "fork",
+            Op::Msync => "msync",
             Op::Madvise => "madvise",
             Op::Read => "read",
             Op::Write => "write",
@@ -159,6 +162,15 @@ pub enum Error {
         /// The operation.
         op: Op,
     },
+    /// The file was not opened for what the mapping needs (`EACCES`): any
+    /// mapping needs read access, a shared writable one write access.
+    #[error("{op}: the file is not open for {need}")]
+    Access {
+        /// The operation.
+        op: Op,
+        /// What the mapping needs: "reading" or "writing".
+        need: &'static str,
+    },
     /// Not allowed (`EPERM`), e.g. a fixed mapping below `mmap_min_addr`.
     #[error("{op}: not permitted: {reason} ({value:#x})")]
     Permission {
@@ -177,6 +189,18 @@ pub enum Error {
         addr: u64,
         /// Why it faulted.
         code: SegvCode,
+    },
+    /// An access a real process would die of with SIGBUS (`EFAULT` when a
+    /// system call meets it): a page of a file mapping that lies wholly
+    /// beyond the end of the file.
+    #[error("bus error at {addr:#x}: page {pgoff} of the file lies beyond its end ({size} bytes)")]
+    Bus {
+        /// The faulting address.
+        addr: u64,
+        /// The page's offset in the file, in pages.
+        pgoff: u64,
+        /// The file's size when the fault read it.
+        size: u64,
     },
     /// Every vCPU slot is attached to a thread (`EBUSY`).
     #[error("Vm::attach: all {cpus} vCPU slots are attached (raise VmConfig::cpus)")]
@@ -230,8 +254,9 @@ impl Error {
             | Error::TooManyMappings { .. } => libc::ENOMEM,
             Error::Exists { .. } => libc::EEXIST,
             Error::Permission { .. } => libc::EPERM,
+            Error::Access { .. } => libc::EACCES,
             Error::BadFile { .. } => libc::EBADF,
-            Error::Segv { .. } => libc::EFAULT,
+            Error::Segv { .. } | Error::Bus { .. } => libc::EFAULT,
             Error::NoCpu { .. } | Error::AlreadyAttached { .. } => libc::EBUSY,
             Error::Host { errno, .. } => *errno,
         }

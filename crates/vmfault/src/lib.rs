@@ -101,7 +101,7 @@ pub mod types;
 mod vm;
 
 pub use aspace::{AddressSpace, MAX_MAP_COUNT};
-pub use config::{FaultPath, VmConfig};
+pub use config::{FaultPath, Rmap, VmConfig};
 pub use error::{Error, Op, Result, SegvCode};
 pub use stats::{Counter, CpuStats, Stats};
 pub use types::{Access, Advice, MMAP_MIN_ADDR, MapFlags, MappingInfo, PAGE_SIZE, Prot, TASK_SIZE};

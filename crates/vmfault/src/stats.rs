@@ -110,6 +110,10 @@ stats! {
         data_pages: "frames holding data pages of VM objects",
         global_lock_acquisitions: "acquisitions of the global free-list lock",
         cpus_attached: "vCPU slots attached to a thread now",
+        rmap_bytes: "bytes of reverse-map metadata (backing records and links, or pv entries)",
+        backing_records: "backing records: mappings of object ranges (rmap=backing)",
+        pv_entries: "pv entries: PTEs that map a data page (rmap=pv)",
+        max_chain_depth: "longest object chain under any mapping (1: no shadow objects)",
     }
     counters {
         faults: "page faults handled (every outcome)",
@@ -131,6 +135,10 @@ stats! {
         cow_faults: "write faults that copied a page shared with the other side of a fork",
         fault_races: "faults that found the PTE already installed by another vCPU",
         segv: "faults that ended in SIGSEGV",
+        sigbus: "faults that ended in SIGBUS (a file page wholly beyond the end of the file)",
+        file_fills: "file pages read into the page cache",
+        file_writebacks: "dirty file pages written back to their file",
+        rmap_walks: "reverse-map walks (finding every PTE that maps a page)",
         fault_nomem: "faults that failed for lack of frames",
         map_lock_acquisitions: "address-space map lock acquisitions (read or write)",
         map_lock_writes: "address-space map lock acquisitions for writing",

@@ -44,6 +44,15 @@ pub(crate) struct Machine {
     pub(crate) rcu: Rcu,
     /// The vCPU slots.
     pub(crate) cpus: CpuSet<PerCpu, PerCpuOwned>,
+    /// The file objects, by device and inode (its own lock inside).
+    pub(crate) files: crate::object::Files,
+    /// Reverse-map totals of the backing records (`[a]`).
+    pub(crate) rmap: crate::object::RmapTotals,
+    /// The pv lists (`rmap=pv`; empty otherwise), one lock per frame.
+    pub(crate) pv: crate::object::PvTable,
+    /// The live address spaces by id, for pv entries and statistics
+    /// (a lock taken when a space is made or dropped, and by readers of both).
+    pub(crate) spaces: std::sync::Mutex<std::collections::HashMap<u64, std::sync::Weak<crate::aspace::Space>>>,
 }
 
 impl std::fmt::Debug for CpuSet<PerCpu, PerCpuOwned> {
@@ -154,7 +163,20 @@ impl Vm {
             let reader = readers.next().expect("one reader per slot");
             (PerCpu { counters: CounterSet::new() }, PerCpuOwned { rcu: reader, next_object: Cell::new(1) })
         });
-        let m = Arc::new(Machine { config, phys, rcu, cpus });
+        let pv = match config.rmap {
+            crate::config::Rmap::PvEntry => crate::object::PvTable::new(frames),
+            crate::config::Rmap::Backing => crate::object::PvTable::default(),
+        };
+        let m = Arc::new(Machine {
+            config,
+            phys,
+            rcu,
+            cpus,
+            files: Default::default(),
+            rmap: Default::default(),
+            pv,
+            spaces: Default::default(),
+        });
         if m.config.pcpu_drain_hz > 0 {
             spawn_drainer(&m)?;
         }
@@ -239,7 +261,18 @@ impl Vm {
         for cpu in self.m.cpus.shared_parts() {
             s.add_counters(&cpu.counters);
         }
+        let (pv, pv_bytes) = self.m.pv.totals();
+        s.pv_entries = pv;
+        s.backing_records = self.m.rmap.records.load(std::sync::atomic::Ordering::Relaxed).max(0) as u64;
+        s.rmap_bytes = pv_bytes + self.m.rmap.bytes.load(std::sync::atomic::Ordering::Relaxed).max(0) as u64;
+        s.max_chain_depth = self.spaces().iter().map(|sp| sp.max_chain_depth()).max().unwrap_or(0).into();
         s
+    }
+
+    /// Handles to the live address spaces.
+    fn spaces(&self) -> Vec<AddressSpace> {
+        let map = self.m.spaces.lock().unwrap_or_else(|p| p.into_inner());
+        map.values().filter_map(|w| w.upgrade()).map(|s| AddressSpace { s }).collect()
     }
 
     /// Per-vCPU counters: one entry per slot, the shared slot last.

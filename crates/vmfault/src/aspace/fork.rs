@@ -78,8 +78,9 @@ impl AddressSpace {
     /// level of shadow objects (bounded by the collapses, see `fork`).
     pub fn max_chain_depth(&self) -> u32 {
         let s = &self.s;
+        // Not counted as a map-lock acquisition: statistics call this.
         s.vm.with_ctx(|ctx| {
-            let map = s.map_read(ctx);
+            let map = s.map.read().unwrap_or_else(|p| p.into_inner());
             let section = ctx.rcu_read();
             map.iter().filter_map(|v| v.object.get()).map(|o| o.depth(&section)).max().unwrap_or(0)
         })
@@ -139,7 +140,9 @@ impl Space {
             // Their pages are now shared with the child: read-only.
             for v in &replaced {
                 if v.prot.contains(Prot::WRITE) {
-                    narrowed += self.pmap.protect(&m.phys, v.start, v.end, v.prot - Prot::WRITE);
+                    narrowed += self.pmap.protect(&m.phys, v.start, v.end, v.prot - Prot::WRITE, |a, pte| {
+                        super::pv_unmapped(m, self.id(), a, pte)
+                    });
                 }
             }
             let mut cmap = child.s.map_write(ctx);

@@ -99,6 +99,7 @@ impl Space {
 
     fn dontneed(&self, ctx: &Ctx<'_>, start: u64, end: u64) -> Result<()> {
         let phys = &ctx.m.phys;
+        let id = self.id();
         let mut frames = Vec::new();
         let mut ptes = 0;
         let (result, renewed) = {
@@ -109,7 +110,7 @@ impl Space {
             self.reserve_holes_locked(ctx, &map, Op::Madvise, start, end)?;
             let renewed = map.renew(start, end);
             let r = walk(Op::Madvise, &map, start, end, |v, s, e| {
-                let n = self.pmap.zap(phys, s, e, |_, _| {});
+                let n = self.pmap.zap(phys, s, e, |a, pte| super::pv_unmapped(ctx.m, id, a, pte));
                 ctx.count_n(Counter::pages_unmapped, n);
                 ptes += n;
                 if !v.is_shared()

@@ -6,6 +6,7 @@
 
 #![deny(unsafe_code)]
 
+use std::fs::File;
 use std::sync::Arc;
 
 use super::layout::{round_hint, unmapped_area};
@@ -35,7 +36,7 @@ impl AddressSpace {
         let s = &self.s;
         let (a, populate) = s.vm.with_ctx(|ctx| {
             ctx.count(Counter::mmap_calls);
-            s.mmap(ctx, addr, len, prot, flags)
+            s.mmap(ctx, addr, len, prot, flags, None)
         })?;
         if let Some(access) = populate {
             s.populate(a, page_align_up(len).unwrap_or(0), access);
@@ -45,18 +46,34 @@ impl AddressSpace {
 }
 
 impl Space {
-    /// The mapping itself; returns the address and, for `POPULATE`, the
-    /// access with which to fault the pages in.
-    fn mmap(&self, ctx: &Ctx<'_>, addr: u64, len: u64, prot: Prot, flags: MapFlags) -> Result<(u64, Option<Access>)> {
+    /// The mapping itself, of anonymous memory or of `file` from byte
+    /// `offset`; returns the address and, for `POPULATE`, the access with
+    /// which to fault the pages in.
+    pub(super) fn mmap(
+        &self,
+        ctx: &Ctx<'_>,
+        addr: u64,
+        len: u64,
+        prot: Prot,
+        flags: MapFlags,
+        file: Option<(&File, u64)>,
+    ) -> Result<(u64, Option<Access>)> {
         let op = Op::Mmap;
+        if let Some((_, offset)) = file
+            && !is_page_aligned(offset)
+        {
+            return Err(Error::inval(op, "file offset not page-aligned", offset));
+        }
         if MapFlags::from_bits(flags.bits()).is_none() {
             return Err(Error::inval(op, "unknown MAP_* flag bits", u64::from(flags.bits() & !MapFlags::all().bits())));
         }
         if Prot::from_bits(prot.bits()).is_none() {
             return Err(Error::inval(op, "unknown PROT_* bits", u64::from(prot.bits())));
         }
-        if !flags.contains(MapFlags::ANONYMOUS) {
-            return Err(Error::BadFile { op });
+        match (file.is_some(), flags.contains(MapFlags::ANONYMOUS)) {
+            (false, false) => return Err(Error::BadFile { op }),
+            (true, true) => return Err(Error::inval(op, "MAP_ANONYMOUS with a file", u64::from(flags.bits()))),
+            _ => {}
         }
         if len == 0 {
             return Err(Error::inval(op, "length is zero", 0));
@@ -66,6 +83,11 @@ impl Space {
         let len = page_align_up(len).ok_or(Error::NoAddressSpace { op, addr, len })?;
         if len > TASK_SIZE {
             return Err(Error::NoAddressSpace { op, addr, len });
+        }
+        if let Some((_, offset)) = file
+            && offset.checked_add(len).is_none()
+        {
+            return Err(Error::inval(op, "file offset plus length overflows", offset));
         }
         let shared = flags.contains(MapFlags::SHARED);
 
@@ -96,26 +118,41 @@ impl Space {
                 u64::from(type_bits.bits()),
             ));
         }
-        // A shared mapping's object (Linux: the shmem file behind it).
-        // Failing here leaves everything as it was.
-        let object = match shared {
-            true => Some(
-                Object::new_anon(ctx, &self.vm.m)
-                    .map_err(|_| Error::NoMemory { op, what: "a shared object's page index" })?,
-            ),
-            false => None,
+        // A shared mapping's object (Linux: the shmem file behind it); a
+        // file's, or for a private mapping of a file, a shadow in front of
+        // it, which takes the copies. Failing here leaves everything as it was.
+        let nomem = |what| Error::NoMemory { op, what };
+        let object = match (file, shared) {
+            (Some((f, _)), _) => {
+                file_access(f, op, shared && prot.contains(Prot::WRITE))?;
+                let o = Object::for_file(ctx, &self.vm.m, f)?;
+                Some(match shared {
+                    true => o,
+                    false => Object::new_shadow(ctx, &self.vm.m, &o, false)
+                        .map_err(|_| nomem("a private file mapping's object"))?,
+                })
+            }
+            (None, true) => Some(Object::new_anon(ctx, &self.vm.m).map_err(|_| nomem("a shared object's page index"))?),
+            (None, false) => None,
         };
 
         let mut vflags = VmaFlags::empty();
         if shared {
             vflags |= VmaFlags::SHARED;
         }
+        if file.is_some() {
+            vflags |= VmaFlags::FILE;
+        }
         if flags.contains(MapFlags::NORESERVE) {
             vflags |= VmaFlags::NORESERVE;
         } else if !shared && prot.contains(Prot::WRITE) {
             vflags |= VmaFlags::ACCOUNT;
         }
-        let pgoff = if shared { 0 } else { start >> PAGE_SHIFT };
+        let pgoff = match file {
+            Some((_, offset)) => offset >> PAGE_SHIFT,
+            None if shared => 0,
+            None => start >> PAGE_SHIFT,
+        };
 
         let mut frames = Vec::new();
         self.reserve_holes_locked(ctx, &map, op, start, end)?;
@@ -126,10 +163,26 @@ impl Space {
         drop(map);
         let objects_gone = carved.iter().any(|v| v.object.get().is_some());
         self.finish(ctx, ptes, &frames, objects_gone);
+        self.write_back_removed(ctx, &carved);
         drop((carved, retired));
 
         let populate = (flags.contains(MapFlags::POPULATE) && !prot.is_empty())
             .then(|| if prot.contains(Prot::WRITE) && !shared { Access::Write } else { Access::Read });
         Ok((start, populate))
     }
+}
+
+/// Linux's `EACCES` checks of `do_mmap`: the file must be open for reading,
+/// and for writing too if the mapping is shared and writable. A zero-length
+/// read or write tells without changing anything (the kernel checks the
+/// file's mode before the length).
+fn file_access(f: &File, op: Op, write: bool) -> Result<()> {
+    use std::os::unix::fs::FileExt;
+    if f.read_at(&mut [], 0).is_err() {
+        return Err(Error::Access { op, need: "reading" });
+    }
+    if write && f.write_at(&[], 0).is_err() {
+        return Err(Error::Access { op, need: "writing" });
+    }
+    Ok(())
 }

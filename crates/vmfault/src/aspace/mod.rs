@@ -25,6 +25,7 @@
 #![deny(unsafe_code)]
 
 mod access;
+mod file;
 mod fork;
 mod layout;
 mod madvise;
@@ -32,6 +33,7 @@ mod mmap;
 mod mprotect;
 mod munmap;
 mod ptree;
+mod rmap;
 pub(crate) mod vma;
 
 use std::ops::{Deref, DerefMut};
@@ -187,17 +189,21 @@ impl AddressSpace {
             .with_ctx(|ctx| Pmap::new(&ctx.frames()))
             .map_err(|_| Error::NoMemory { op: Op::NewSpace, what: "a page-table root" })?;
         let lockless = vm.m.config.fault_path != FaultPath::MapLock;
-        Ok(AddressSpace {
-            s: Arc::new(Space {
-                vm,
-                map: RwLock::new(VmaTree::default()),
+        let backing = vm.m.config.rmap == crate::config::Rmap::Backing;
+        let s = Arc::new_cyclic(|me: &std::sync::Weak<Space>| {
+            let owner = backing.then(|| vma::Owner { space: me.clone(), id: me.as_ptr().addr() as u64 });
+            Space {
+                vm: vm.clone(),
+                map: RwLock::new(VmaTree::recorded(owner)),
                 pmap,
                 anon_lock: Mutex::new(()),
                 snapshot: RcuBox::new(Snapshot::default()),
                 retired: Mutex::new(Vec::new()),
                 lockless,
-            }),
-        })
+            }
+        });
+        vm.m.spaces.lock().unwrap_or_else(|p| p.into_inner()).insert(s.id(), Arc::downgrade(&s));
+        Ok(AddressSpace { s })
     }
 
     /// The machine this space belongs to.
@@ -222,6 +228,13 @@ impl AddressSpace {
 }
 
 impl Space {
+    /// This space's id: its address (unique while it lives), which names
+    /// it in reverse-map records and pv entries.
+    #[inline]
+    pub(crate) fn id(&self) -> u64 {
+        std::ptr::from_ref(self).addr() as u64
+    }
+
     /// Take the map lock for reading (counted).
     pub(crate) fn map_read(&self, ctx: &Ctx<'_>) -> RwLockReadGuard<'_, VmaTree> {
         ctx.count(Counter::map_lock_acquisitions);
@@ -292,10 +305,24 @@ impl Space {
     }
 }
 
+/// A PTE of space `id` at `addr` that mapped `old` was cleared: drop its
+/// pv entry (`rmap=pv`). Called under the PTE lock, from zap callbacks.
+pub(crate) fn pv_unmapped(m: &crate::vm::Machine, id: u64, addr: u64, old: crate::pmap::Pte) {
+    if m.config.rmap == crate::config::Rmap::PvEntry && old.pfn() != m.phys.zero_pfn() {
+        m.pv.remove(old.pfn(), crate::object::Pv { space: id, addr });
+    }
+}
+
 impl Drop for Space {
     fn drop(&mut self) {
         // No handle is left, so nobody can be faulting or walking: drop the
         // VMAs (their objects free their pages) and the page table.
+        let id = self.id();
+        self.vm.m.spaces.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+        if self.vm.m.config.rmap == crate::config::Rmap::PvEntry {
+            let m = &self.vm.m;
+            self.pmap.zap(&m.phys, 0, crate::types::TASK_SIZE, |addr, pte| pv_unmapped(m, id, addr, pte));
+        }
         let vmas = self.map.get_mut().unwrap_or_else(|p| p.into_inner()).take_all();
         drop(vmas);
         let mut retired = std::mem::take(self.retired.get_mut().unwrap_or_else(|p| p.into_inner()));

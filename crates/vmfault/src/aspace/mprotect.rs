@@ -130,7 +130,9 @@ impl Space {
                 debug_assert_eq!(old.len(), 1);
                 map.insert(Arc::new(old[0].slice(pos, stop, prot, flags)));
                 if prot != vma.prot {
-                    let changed = self.pmap.protect(&ctx.m.phys, pos, stop, prot);
+                    let changed = self
+                        .pmap
+                        .protect(&ctx.m.phys, pos, stop, prot, |a, pte| super::pv_unmapped(ctx.m, self.id(), a, pte));
                     if prot.is_empty() {
                         ctx.count_n(Counter::pages_unmapped, changed);
                     }

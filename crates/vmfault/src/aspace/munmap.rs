@@ -59,6 +59,7 @@ impl Space {
         };
         let objects_gone = carved.iter().any(|v| v.object.get().is_some());
         self.finish(ctx, ptes, &frames, objects_gone);
+        self.write_back_removed(ctx, &carved);
         drop(carved);
         Ok(())
     }
@@ -107,9 +108,10 @@ impl Space {
         prune: bool,
     ) -> u64 {
         let phys = &ctx.m.phys;
+        let id = self.id();
         let mut ptes = 0;
         for v in carved {
-            let n = self.pmap.zap(phys, v.start, v.end, |_, _| {});
+            let n = self.pmap.zap(phys, v.start, v.end, |a, pte| super::pv_unmapped(ctx.m, id, a, pte));
             ctx.count_n(Counter::pages_unmapped, n);
             ptes += n;
             // A private object's pages in this range are reachable from this

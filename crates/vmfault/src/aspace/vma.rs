@@ -44,6 +44,9 @@ bitflags! {
         const RAND_READ = 1 << 3;
         /// `VM_SEQ_READ`: `MADV_SEQUENTIAL`.
         const SEQ_READ = 1 << 4;
+        /// A file mapping (Linux: `vm_file` set): never merges with, nor
+        /// lends its object to, anonymous memory.
+        const FILE = 1 << 5;
     }
 }
 
@@ -140,9 +143,61 @@ impl Vma {
 #[derive(Debug, Default)]
 pub(crate) struct VmaTree {
     by_end: PTree<Arc<Vma>>,
+    /// `[I]` the space, when VMAs are to be recorded on their objects'
+    /// reverse maps (`Rmap::Backing`, see `object::rmap`).
+    owner: Option<Owner>,
+}
+
+/// The space a [`VmaTree`] records its mappings for.
+#[derive(Debug, Clone)]
+pub(crate) struct Owner {
+    /// The space.
+    pub(crate) space: std::sync::Weak<super::Space>,
+    /// Its id.
+    pub(crate) id: u64,
+}
+
+impl Owner {
+    /// Record `v` (now mapped in this space) on its object, if it has one.
+    pub(crate) fn link(&self, v: &Vma) {
+        if let Some(o) = v.object.get() {
+            o.link(self.key(v), &self.space);
+        }
+    }
+
+    fn key(&self, v: &Vma) -> crate::object::BackingKey {
+        (self.id, v.start, v.end, v.pgoff)
+    }
 }
 
 impl VmaTree {
+    /// An empty index whose VMAs are recorded on their objects' reverse maps.
+    pub(crate) fn recorded(owner: Option<Owner>) -> VmaTree {
+        VmaTree { by_end: PTree::default(), owner }
+    }
+
+    /// The space this index records its mappings for, if it does.
+    pub(crate) fn owner(&self) -> Option<&Owner> {
+        self.owner.as_ref()
+    }
+
+    /// Put a VMA in the tree (recording it).
+    fn put(&mut self, vma: Arc<Vma>) {
+        if let Some(w) = &self.owner {
+            w.link(&vma);
+        }
+        self.by_end.insert(vma.end, vma);
+    }
+
+    /// Take the VMA ending at `end` out of the tree (forgetting its record).
+    fn take(&mut self, end: u64) -> Option<Arc<Vma>> {
+        let v = self.by_end.remove(end)?;
+        if let (Some(w), Some(o)) = (&self.owner, v.object.get()) {
+            o.unlink(w.key(&v));
+        }
+        Some(v)
+    }
+
     /// Number of VMAs.
     pub(crate) fn len(&self) -> usize {
         self.by_end.len()
@@ -187,7 +242,7 @@ impl VmaTree {
     /// Insert a VMA; it must not overlap any other.
     pub(crate) fn insert(&mut self, vma: Arc<Vma>) {
         debug_assert!(!self.intersects(vma.start, vma.end), "overlapping VMA insert");
-        self.by_end.insert(vma.end, vma);
+        self.put(vma);
     }
 
     /// Take a VMA out of the index and retire it: speculative faults and
@@ -195,7 +250,7 @@ impl VmaTree {
     /// its read lock are waited for by `MapWrite::carve`/`renew`, before
     /// anything it mapped changes.
     fn remove(&mut self, vma: &Vma) -> Arc<Vma> {
-        let v = self.by_end.remove(vma.end).expect("VMA not in the index");
+        let v = self.take(vma.end).expect("VMA not in the index");
         v.state.retire();
         v
     }
@@ -205,7 +260,7 @@ impl VmaTree {
     pub(crate) fn replace_no_wait(&mut self, old: &Vma, new: Arc<Vma>) -> Arc<Vma> {
         debug_assert_eq!((old.start, old.end), (new.start, new.end));
         let old = self.remove(old);
-        self.by_end.insert(new.end, new);
+        self.put(new);
         old
     }
 
@@ -217,7 +272,7 @@ impl VmaTree {
         let hit: Vec<Arc<Vma>> = self.overlapping(start, end).cloned().collect();
         for v in &hit {
             self.remove(v);
-            self.by_end.insert(v.end, Arc::new(v.clip(v.start, v.end)));
+            self.put(Arc::new(v.clip(v.start, v.end)));
         }
         hit
     }
@@ -238,10 +293,10 @@ impl VmaTree {
         for v in hit {
             self.remove(&v);
             if v.start < start {
-                self.by_end.insert(start, Arc::new(v.clip(v.start, start)));
+                self.put(Arc::new(v.clip(v.start, start)));
             }
             if end < v.end {
-                self.by_end.insert(v.end, Arc::new(v.clip(end, v.end)));
+                self.put(Arc::new(v.clip(end, v.end)));
             }
             let (s, e) = (v.start.max(start), v.end.min(end));
             removed.push(if (s, e) == (v.start, v.end) { v } else { Arc::new(v.clip(s, e)) });
@@ -273,7 +328,7 @@ impl VmaTree {
                 let merged = Arc::new(Vma::new(cur.start, next.end, cur.prot, cur.flags, cur.pgoff, object));
                 retired.push(self.remove(&cur));
                 retired.push(self.remove(&next));
-                self.by_end.insert(merged.end, merged.clone());
+                self.put(merged.clone());
                 cur = merged;
             } else {
                 cur = next;
@@ -289,7 +344,15 @@ impl VmaTree {
 
     /// Remove and return every VMA.
     pub(crate) fn take_all(&mut self) -> Vec<Arc<Vma>> {
-        self.by_end.take_all()
+        let all = self.by_end.take_all();
+        if let Some(w) = &self.owner {
+            for v in &all {
+                if let Some(o) = v.object.get() {
+                    o.unlink(w.key(v));
+                }
+            }
+        }
+        all
     }
 }
 

@@ -28,13 +28,14 @@ use std::sync::atomic::Ordering;
 use super::{Fault, Resolved};
 use crate::aspace::Space;
 use crate::aspace::vma::{Vma, VmaTree};
+use crate::config::Rmap;
 use crate::error::{Error, Result};
-use crate::object::{Found, Insert, Object};
+use crate::object::{Found, Insert, Object, Pv};
 use crate::phys::{Frames, OwnedFrame, Pfn};
 use crate::pmap::{Leaf, Pmap, Pte};
 use crate::stats::Counter;
 use crate::sync::spin::WordGuard;
-use crate::types::{Access, PAGE_SHIFT, Prot};
+use crate::types::{Access, PAGE_SHIFT, PAGE_SIZE, Prot};
 use crate::vm::Ctx;
 
 /// Whether `fault` in `vma` may need a new page (and so the VMA's object):
@@ -68,10 +69,23 @@ pub(super) fn resolve_stable(
     // Allocation and zeroing or copying (the bulk of a fault's work) come
     // before any lock, outside any section: allocating may have to drain
     // the caches. Under the map lock no page can leave the object or the
-    // objects below it, and those below are frozen.
-    let found = match object {
-        Some(o) => o.find(pindex, &ctx.rcu_read()),
-        None => Found::Zero,
+    // objects below it, and those below are frozen. A file's page is read
+    // in first (it never leaves the cache while mapped).
+    let found = loop {
+        let (found, file) = match object {
+            Some(o) => {
+                let section = ctx.rcu_read();
+                match o.find(pindex, &section) {
+                    Found::Uncached => (Found::Uncached, o.file_of(&section)),
+                    f => (f, None),
+                }
+            }
+            None => (Found::Zero, None),
+        };
+        match file {
+            Some(file) => file.fill(ctx, fault.op, fault.addr, pindex)?,
+            None => break found,
+        }
     };
     let fresh = new_page(ctx, &frames, vma, object, pindex, found, &fault).map_err(|lack| {
         if lack == Lack::Frame {
@@ -86,7 +100,8 @@ pub(super) fn resolve_stable(
     if contended {
         ctx.count(Counter::pte_lock_contended);
     }
-    commit_locked(ctx, &frames, vma, &leaf, &ptl, Commit { object, pindex, existing, below, fresh }, fault, f)
+    let c = Commit { space, object, pindex, existing, below, fresh };
+    commit_locked(ctx, &frames, vma, &leaf, &ptl, c, fault, f)
 }
 
 /// What a fault could not get for its new page.
@@ -96,6 +111,8 @@ pub(super) enum Lack {
     Index,
     /// The data page itself.
     Frame,
+    /// A file's page not read in yet (the caller's job).
+    Io,
 }
 
 impl Lack {
@@ -103,6 +120,7 @@ impl Lack {
         match self {
             Lack::Index => "an object's page-index node",
             Lack::Frame => "a data page",
+            Lack::Io => "a file page not read in",
         }
     }
 }
@@ -127,6 +145,8 @@ pub(super) fn new_page(
         Found::Own(_) => false,
         Found::Below(_) => write,
         Found::Zero => true,
+        // The caller reads the file's page in first (or gives up).
+        Found::Uncached => return Err(Lack::Io),
     };
     if !needed || !may_allocate(ctx, vma, fault) || !vma.prot.allows(fault.access) {
         return Ok(None);
@@ -146,12 +166,14 @@ pub(super) fn split(found: Found) -> (Option<Pfn>, Option<Pfn>) {
     match found {
         Found::Own(p) => (Some(p), None),
         Found::Below(p) => (None, Some(p)),
-        Found::Zero => (None, None),
+        Found::Zero | Found::Uncached => (None, None),
     }
 }
 
 /// What a fault has prepared before taking the PTE lock.
 pub(super) struct Commit<'a> {
+    /// The faulting space (its id names pv entries).
+    pub(super) space: &'a Space,
     /// The VMA's object (if any).
     pub(super) object: Option<&'a Arc<Object>>,
     /// The page's index in it.
@@ -222,16 +244,45 @@ pub(super) fn commit_locked(
         },
     };
     let exec = vma.prot.contains(Prot::EXEC);
-    let pte = if pfn == phys.zero_pfn() || Some(pfn) == c.below {
+    // A shared file page is mapped writable only by a write fault, which
+    // marks it dirty: the first store after a write-back must fault.
+    let file = c.object.is_some_and(|o| o.is_file());
+    let pte = if pfn == phys.zero_pfn() || Some(pfn) == c.below || (file && !write) {
         Pte::new(pfn, false, exec, false)
     } else {
         Pte::new(pfn, vma.prot.contains(Prot::WRITE), exec, write)
     };
+    if file && write && pte.allows(Access::Write) {
+        c.object.expect("file").mark_dirty(c.pindex);
+    }
+    if ctx.m.config.rmap == Rmap::PvEntry {
+        pv_replace_locked(ctx, c.space, fault.addr, cur, pfn);
+    }
     // Release pairs with the Acquire of `Pmap::translate`: the page's
     // contents are visible to whoever sees this PTE.
     leaf.entry.store(pte.0, Ordering::Release);
     f(pfn);
     Ok(resolved)
+}
+
+/// Keep the pv lists right as the PTE of `space` at `addr` goes from `old`
+/// to mapping `pfn` (the zero page has no entries, as in Linux).
+///
+/// # Preconditions
+/// The PTE lock of `addr` is held.
+fn pv_replace_locked(ctx: &Ctx<'_>, space: &Space, addr: u64, old: Pte, pfn: Pfn) {
+    let phys = &ctx.m.phys;
+    let pv = Pv { space: space.id(), addr: addr & !(PAGE_SIZE - 1) };
+    let had = old.is_present().then(|| old.pfn()).filter(|&p| p != phys.zero_pfn());
+    if had == Some(pfn) {
+        return;
+    }
+    if let Some(p) = had {
+        ctx.m.pv.remove(p, pv);
+    }
+    if pfn != phys.zero_pfn() {
+        ctx.m.pv.add(pfn, pv);
+    }
 }
 
 /// The object of `vma`, creating it (or adopting a neighbour's) if needed.
@@ -262,6 +313,9 @@ pub(super) fn prepare<'v>(
         None => Object::new_anon(ctx, &space.vm.m).map_err(|_| ())?,
     };
     let _ = vma.object.set(object);
+    if let Some(owner) = map.owner() {
+        owner.link(vma);
+    }
     Ok(vma.object.get().expect("just set"))
 }
 

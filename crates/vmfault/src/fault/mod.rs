@@ -102,6 +102,8 @@ pub(crate) enum Abort {
     PmdChanged,
     /// No frame without draining other vCPUs' caches (needs a grace period).
     NoMem,
+    /// A file's page must be read in (I/O, not inside a section).
+    Io,
 }
 
 impl Abort {
@@ -113,6 +115,7 @@ impl Abort {
             Abort::Access => Some(Counter::spf_vma_access),
             Abort::PmdChanged => Some(Counter::spf_pmd_changed),
             Abort::NoMem => Some(Counter::spf_nomem),
+            Abort::Io => Some(Counter::spf_vma_notsup),
         }
     }
 
@@ -124,7 +127,14 @@ impl Abort {
             Abort::Access => "vma_access",
             Abort::PmdChanged => "pmd_changed",
             Abort::NoMem => "nomem",
+            Abort::Io => "file_io",
         }
+    }
+}
+
+fn count_bus(ctx: &Ctx<'_>, e: &Error) {
+    if matches!(e, Error::Bus { .. }) {
+        ctx.count(Counter::sigbus);
     }
 }
 
@@ -154,7 +164,7 @@ pub(crate) fn handle(
         }
     };
     let resolved = match lockless {
-        Some(Ok(r)) => r?,
+        Some(Ok(r)) => r.inspect_err(|e| count_bus(ctx, e))?,
         Some(Err(why)) => {
             if path == FaultPath::VmaLock {
                 ctx.count(Counter::vma_lock_fallbacks);
@@ -168,9 +178,9 @@ pub(crate) fn handle(
                 path = path.name(),
                 "lockless fault fell back to the map lock"
             );
-            classic::fault(ctx, space, fault, &mut f)?
+            classic::fault(ctx, space, fault, &mut f).inspect_err(|e| count_bus(ctx, e))?
         }
-        None => classic::fault(ctx, space, fault, &mut f)?,
+        None => classic::fault(ctx, space, fault, &mut f).inspect_err(|e| count_bus(ctx, e))?,
     };
     ctx.count(match resolved {
         Resolved::ZeroFill => Counter::zero_fill,

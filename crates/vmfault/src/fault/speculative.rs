@@ -10,7 +10,8 @@
 //!    a VMA creates it on the classic path) and its page-table levels
 //!    (`spf_pmd_changed`: levels are never allocated speculatively, since a
 //!    level added under a table that munmap is pruning would leak);
-//! 3. look the page up, or allocate and zero a new one (from the vCPU's
+//! 3. look the page up (a file's page not yet read in needs I/O, which
+//!    cannot wait inside a section: `spf_vma_notsup`), or allocate and zero a new one (from the vCPU's
 //!    cache; draining other caches needs a grace period, impossible inside
 //!    a section: `spf_nomem`);
 //! 4. take the PTE lock with a try-lock (counting failures), and re-check
@@ -56,6 +57,9 @@ pub(super) fn fault(ctx: &Ctx<'_>, space: &Space, fault: Fault, f: &mut impl FnM
     // it, retires the VMAs first, so the re-check below catches a walk it
     // raced with.
     let found = object.map_or(Found::Zero, |o| o.find(pindex, &section));
+    if found == Found::Uncached {
+        return Err(Abort::Io);
+    }
     let (existing, below) = anon::split(found);
     let fresh = anon::new_page(ctx, &frames, vma, object, pindex, found, &fault).map_err(|_| Abort::NoMem)?;
     let ptl = &phys.page(leaf.node).ptl;
@@ -74,6 +78,6 @@ pub(super) fn fault(ctx: &Ctx<'_>, space: &Space, fault: Fault, f: &mut impl FnM
         }
         return Err(Abort::VmaChanged);
     }
-    anon::commit_locked(ctx, &frames, vma, &leaf, &guard, Commit { object, pindex, existing, below, fresh }, fault, f)
-        .map_err(|_| Abort::NoMem)
+    let c = Commit { space, object, pindex, existing, below, fresh };
+    anon::commit_locked(ctx, &frames, vma, &leaf, &guard, c, fault, f).map_err(|_| Abort::NoMem)
 }

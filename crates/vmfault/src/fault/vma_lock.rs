@@ -11,7 +11,9 @@
 //! denied access itself. The lock is held from the lookup to the install;
 //! it costs the fault one store to its own slot (see `sync::vma_state`).
 //!
-//! It falls back to the map lock when the VMA is missing or retired, and
+//! It falls back to the map lock when the VMA is missing or retired, when
+//! a file's page must be read in (I/O under an RCU section would hold up
+//! every grace period), and
 //! when it has no object yet (as Linux's first version did when
 //! `anon_vma` was still NULL), or when no frame can be had without a grace
 //! period (draining other vCPUs' caches).
@@ -51,9 +53,12 @@ pub(super) fn fault(
     // their pins waited for.
     let pindex = vma.pindex(fault.addr);
     let found = object.map_or(Found::Zero, |o| o.find(pindex, &pin));
+    if found == Found::Uncached {
+        return Err(Abort::Io);
+    }
     let fresh = anon::new_page(ctx, &frames, vma, object, pindex, found, &fault).map_err(|_| Abort::NoMem)?;
     let (existing, below) = anon::split(found);
-    locked(ctx, space, vma, &frames, Commit { object, pindex, existing, below, fresh }, fault, f)
+    locked(ctx, space, vma, &frames, Commit { space, object, pindex, existing, below, fresh }, fault, f)
 }
 
 /// The install with `vma` read-locked (stable: its range cannot be pruned,

@@ -15,6 +15,13 @@
 //! - *shadow*: a private anonymous object created by `fork` in front of the
 //!   object the parent's VMA had, one for each side (`shadow.rs`): pages it
 //!   lacks are read from the objects below, and a write copies them up.
+//!   A private file mapping is a shadow in front of the file's object.
+//! - *file*: the page cache of one file (`file.rs`), shared by every
+//!   mapping of the file in the `Vm`; pages are read in at the first fault
+//!   and written back when dirty (`msync`, `munmap`, the object's end).
+//!
+//! Every object also carries its reverse map (`rmap.rs`): the mappings of
+//! its ranges and its shadow objects, or nothing under `Rmap::PvEntry`.
 //!
 //! # The page index
 //! A [`Radix`] whose leaves hold `frame << 12 | 1`. Lookups are lockless
@@ -25,12 +32,19 @@
 //! No object lock is needed on the fault path.
 //!
 //! An entry may also be a *hole* (`HOLE`, no frame): the page reads as zero
-//! here whatever the objects below hold (see `shadow.rs`).
+//! here whatever the anonymous objects below hold (see `shadow.rs`); a
+//! file's page still shows through it, as Linux re-reads the file.
+//! A file object's entries carry `DIRTY` once a shared mapping may have
+//! written the page (`file.rs`).
 
 #![deny(unsafe_code)]
 
+mod file;
+mod rmap;
 mod shadow;
 
+pub(crate) use file::{FileData, Files};
+pub(crate) use rmap::{BackingKey, ObjRmap, Pv, PvTable, RmapTotals};
 pub(crate) use shadow::{Absorbed, Found};
 
 use std::sync::Arc;
@@ -65,15 +79,20 @@ pub(crate) struct Object {
     /// neither merges with a VMA that has no object nor lends its object to
     /// one (`is_mergeable_anon_vma`, `reusable_anon_vma`).
     pub(crate) inherited: bool,
+    /// `[I]` the file, for a file object (`file.rs`).
+    pub(crate) file: Option<FileData>,
+    /// The reverse map (its own lock inside, see `rmap.rs`).
+    pub(crate) rmap: ObjRmap,
 }
 
 const PRESENT: u64 = 1;
 const HOLE: u64 = 2;
+const DIRTY: u64 = 4;
 
 impl Object {
     /// A new anonymous object.
     pub(crate) fn new_anon(ctx: &Ctx<'_>, m: &Arc<Machine>) -> Result<Arc<Object>, OutOfFrames> {
-        Self::with_backing(ctx, m, None, false)
+        Self::with_backing(ctx, m, None, false, None)
     }
 
     fn with_backing(
@@ -81,20 +100,34 @@ impl Object {
         m: &Arc<Machine>,
         below: Option<Arc<Object>>,
         inherited: bool,
+        file: Option<FileData>,
     ) -> Result<Arc<Object>, OutOfFrames> {
         let index = Radix::new(&ctx.frames(), Kind::Index)?;
         if let Some(b) = &below {
             b.shadows.fetch_add(1, Ordering::Relaxed);
         }
-        Ok(Arc::new(Object {
-            id: ctx.new_object_id(),
-            index,
-            m: m.clone(),
-            backing: RcuBox::new(below),
-            shadows: AtomicU32::new(0),
-            lock: std::sync::Mutex::new(()),
-            inherited,
+        Ok(Arc::new_cyclic(|me| {
+            if let Some(b) = &below {
+                b.rmap.add_shadow(m, me.clone());
+            }
+            Object {
+                id: ctx.new_object_id(),
+                index,
+                m: m.clone(),
+                backing: RcuBox::new(below),
+                shadows: AtomicU32::new(0),
+                lock: std::sync::Mutex::new(()),
+                inherited,
+                file,
+                rmap: ObjRmap::default(),
+            }
         }))
+    }
+
+    /// Whether this is a file object.
+    #[inline]
+    pub(crate) fn is_file(&self) -> bool {
+        self.file.is_some()
     }
 
     /// The raw entry at `pindex` (0 if none).
@@ -178,6 +211,10 @@ pub(crate) enum Insert {
 
 impl Drop for Object {
     fn drop(&mut self) {
+        if self.file.is_some() {
+            self.drop_file();
+        }
+        self.rmap.clear(&self.m);
         if let Some(b) = self.backing.get_mut().take() {
             b.shadows.fetch_sub(1, Ordering::Relaxed);
         }

@@ -57,6 +57,9 @@ pub(crate) enum Found {
     Below(Pfn),
     /// Nowhere (or behind a hole): the page reads as zero.
     Zero,
+    /// Not in the file object at the bottom of the chain: the file's page
+    /// must be read in first (`file.rs`).
+    Uncached,
 }
 
 /// A replaced backing pointer, to reclaim after a grace period.
@@ -71,7 +74,7 @@ impl Object {
         below: &Arc<Object>,
         child: bool,
     ) -> Result<Arc<Object>, OutOfFrames> {
-        Self::with_backing(ctx, m, Some(below.clone()), child || below.inherited)
+        Self::with_backing(ctx, m, Some(below.clone()), child || below.inherited, None)
     }
 
     /// Objects in the chain, this one included.
@@ -96,14 +99,19 @@ impl Object {
     pub(crate) fn find<'a>(&'a self, pindex: u64, section: &'a RcuReadGuard<'_>) -> Found {
         let mut o = self;
         let mut own = true;
+        let mut behind_hole = false;
         loop {
             let (below, e) = o.backing.read_then(section, || o.entry(pindex));
-            if e & PRESENT != 0 {
-                let pfn = Pfn((e >> 12) as u32);
-                return if own { Found::Own(pfn) } else { Found::Below(pfn) };
-            }
-            if e & HOLE != 0 {
-                return Found::Zero;
+            // Behind a hole only a file's page shows (Linux re-reads the file).
+            if !behind_hole || o.is_file() {
+                if e & PRESENT != 0 {
+                    let pfn = Pfn((e >> 12) as u32);
+                    return if own { Found::Own(pfn) } else { Found::Below(pfn) };
+                }
+                if o.is_file() {
+                    return Found::Uncached;
+                }
+                behind_hole |= e & HOLE != 0;
             }
             match below {
                 Some(b) => {
@@ -112,6 +120,29 @@ impl Object {
                 }
                 None => return Found::Zero,
             }
+        }
+    }
+
+    /// Whether this object itself holds `pfn` at `pindex`.
+    pub(crate) fn holds(&self, pindex: u64, pfn: Pfn) -> bool {
+        let e = self.entry(pindex);
+        e & PRESENT != 0 && e >> 12 == u64::from(pfn.0)
+    }
+
+    /// The object below this one, if any.
+    pub(crate) fn below(&self, section: &RcuReadGuard<'_>) -> Option<Arc<Object>> {
+        self.backing.read(section).clone()
+    }
+
+    /// The file object at the bottom of this chain (this one included), if any.
+    pub(crate) fn file_of(self: &Arc<Self>, section: &RcuReadGuard<'_>) -> Option<Arc<Object>> {
+        let mut o = self.clone();
+        loop {
+            if o.is_file() {
+                return Some(o);
+            }
+            let below = o.backing.read(section).clone()?;
+            o = below;
         }
     }
 
@@ -125,8 +156,11 @@ impl Object {
             // Pointer first, then entries, as in `find`: another space may
             // be collapsing these levels, and a page it moves up must be
             // seen either where it was or where it went.
+            // A file's pages show through holes: they need none.
             let (next, ()) = o.backing.read_then(section, || {
-                o.index.for_each_present(&self.m.phys, start, end, |i, _| out.push(i));
+                if !o.is_file() {
+                    o.index.for_each_present(&self.m.phys, start, end, |i, _| out.push(i));
+                }
             });
             match next {
                 Some(b) => o = b,
@@ -211,7 +245,7 @@ impl Object {
                     None => return Ok(collapsed),
                 }
             };
-            if below.shadows.load(Ordering::Relaxed) != 1 {
+            if below.shadows.load(Ordering::Relaxed) != 1 || below.is_file() {
                 level = below;
                 continue;
             }
@@ -277,6 +311,7 @@ fn absorb(
     };
     if let Some(d) = &deeper {
         d.shadows.fetch_add(1, Ordering::Relaxed);
+        d.rmap.add_shadow(&level.m, Arc::downgrade(level));
     }
     Ok(Some(level.backing.replace(&level.m.rcu, deeper)))
 }

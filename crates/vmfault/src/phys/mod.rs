@@ -158,6 +158,16 @@ impl PhysMem {
         unsafe { std::ptr::write_bytes(self.arena.frame_ptr(f.0.0), 0, PAGE_SIZE as usize) }
     }
 
+    /// The bytes of an owned frame, for plain writes (rule 1): a file's
+    /// page is read straight into it.
+    pub(crate) fn owned_bytes<'a>(&'a self, f: &'a mut OwnedFrame) -> &'a mut [u8] {
+        // SAFETY: the frame is PAGE_SIZE bytes inside the arena, which
+        // outlives `&self`; an `OwnedFrame` is reachable by nobody else
+        // (rule 1), and the `&mut` borrow of it makes this slice the only
+        // way to its bytes while the slice lives.
+        unsafe { std::slice::from_raw_parts_mut(self.arena.frame_ptr(f.0.0), PAGE_SIZE as usize) }
+    }
+
     /// Fill an owned frame with a copy of a published one (copy-on-write):
     /// atomic loads from `src` (rule 2), plain stores to `f` (rule 1).
     pub(crate) fn copy_into(&self, f: &mut OwnedFrame, src: Pfn) {

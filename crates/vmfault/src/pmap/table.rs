@@ -118,10 +118,17 @@ impl Pmap {
     }
 
     /// Narrow every present PTE in `start..end` to `prot` (`PROT_NONE`
-    /// unmaps; the pages stay in their objects).
-    pub(crate) fn protect(&self, phys: &PhysMem, start: u64, end: u64, prot: Prot) -> u64 {
+    /// unmaps, calling `unmapped` as `zap` does; the pages stay in their objects).
+    pub(crate) fn protect(
+        &self,
+        phys: &PhysMem,
+        start: u64,
+        end: u64,
+        prot: Prot,
+        unmapped: impl FnMut(u64, Pte),
+    ) -> u64 {
         if prot.is_empty() {
-            return self.zap(phys, start, end, |_, _| {});
+            return self.zap(phys, start, end, unmapped);
         }
         self.update_range(phys, start, end, |_, old| old.restricted(prot))
     }
@@ -179,7 +186,7 @@ mod tests {
         }
         assert_eq!(pmap.translate(&phys, addr + 5, Access::Write), Some(frame));
         assert_eq!(pmap.translate(&phys, addr, Access::Exec), None);
-        assert_eq!(pmap.protect(&phys, addr, addr + 4096, Prot::READ), 1);
+        assert_eq!(pmap.protect(&phys, addr, addr + 4096, Prot::READ, |_, _| {}), 1);
         assert_eq!(pmap.translate(&phys, addr, Access::Write), None);
         assert_eq!(pmap.translate(&phys, addr, Access::Read), Some(frame));
         let mut seen = Vec::new();

@@ -1,0 +1,148 @@
+//! File mappings: `mmap_file` and `msync` (the page cache itself is
+//! `object/file.rs`).
+//!
+//! A shared mapping maps the file's object; a private one maps a shadow
+//! object in front of it (made at `mmap`, where Linux makes the anon_vma at
+//! the first write: two adjacent private mappings of one file therefore do
+//! not merge here), so a read maps the file's page read-only and a write
+//! copies it, exactly as after `fork`. Dirty pages of shared mappings are
+//! written back by `msync`, by `munmap` (and `mmap(MAP_FIXED)` over them)
+//! and when the file's last mapping goes.
+
+#![deny(unsafe_code)]
+
+use std::fs::File;
+use std::sync::Arc;
+
+use super::vma::Vma;
+use super::{AddressSpace, Space};
+use crate::error::{Error, Op, Result};
+use crate::object::Object;
+use crate::stats::Counter;
+use crate::types::{MapFlags, Prot, TASK_SIZE, is_page_aligned, page_align_up};
+use crate::vm::Ctx;
+
+impl AddressSpace {
+    /// Map `len` bytes of `file` from byte `offset` (page-aligned); returns
+    /// the address. Placement and flags as for [`mmap`](AddressSpace::mmap),
+    /// without `MAP_ANONYMOUS`. Every mapping of one file in the `Vm`
+    /// shares its pages; the object keeps its own handle, so `file` may be
+    /// closed afterwards.
+    ///
+    /// `MAP_SHARED`: stores reach the file on [`msync`](AddressSpace::msync),
+    /// on `munmap` and when the last mapping of the file goes.
+    /// `MAP_PRIVATE`: reads see the file; a store copies the page first and
+    /// never reaches the file. In the last page, bytes past the end of the
+    /// file read as zeros; a page wholly past it is [`Error::Bus`] (SIGBUS).
+    ///
+    /// ```
+    /// use std::io::Write;
+    /// use vmfault::{Vm, VmConfig, Prot, MapFlags, Error};
+    /// let path = std::env::temp_dir().join(format!("vmfault-doc-{}", std::process::id()));
+    /// let mut f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+    /// f.write_all(b"hello, file").unwrap();
+    /// let vm = Vm::new(VmConfig { phys_bytes: 16 << 20, ..VmConfig::default() })?;
+    /// let space = vm.new_space()?;
+    /// let a = space.mmap_file(0, 8192, Prot::READ | Prot::WRITE, MapFlags::SHARED, &f, 0)?;
+    /// let mut buf = [0u8; 11];
+    /// space.read(a, &mut buf)?;
+    /// assert_eq!(&buf, b"hello, file");
+    /// space.write(a, b"HELLO")?;
+    /// space.msync(a, 4096)?;
+    /// assert_eq!(&std::fs::read(&path).unwrap(), b"HELLO, file");
+    /// // The second page lies wholly beyond the end of the file.
+    /// assert!(matches!(space.read(a + 4096, &mut buf), Err(Error::Bus { .. })));
+    /// # std::fs::remove_file(&path).unwrap();
+    /// # Ok::<(), vmfault::Error>(())
+    /// ```
+    ///
+    /// Errors, beyond `mmap`'s: an unaligned `offset` (`EINVAL`, checked
+    /// first, as Linux does); `MAP_ANONYMOUS` (`EINVAL`); a file not open
+    /// for reading, or not for writing under a shared writable mapping
+    /// (`EACCES`); `fstat` or `dup` failing (their errno).
+    pub fn mmap_file(&self, addr: u64, len: u64, prot: Prot, flags: MapFlags, file: &File, offset: u64) -> Result<u64> {
+        let s = &self.s;
+        let (a, populate) = s.vm.with_ctx(|ctx| {
+            ctx.count(Counter::mmap_calls);
+            s.mmap(ctx, addr, len, prot, flags, Some((file, offset)))
+        })?;
+        if let Some(access) = populate {
+            s.populate(a, page_align_up(len).unwrap_or(0), access);
+        }
+        Ok(a)
+    }
+
+    /// Write the dirty pages of shared file mappings in `addr..addr+len`
+    /// back to their files, and wait for the writes (`msync(MS_SYNC)`).
+    ///
+    /// As in Linux: an unaligned `addr` is `EINVAL`; every mapped part of
+    /// the range is synced, and a range with unmapped parts then fails with
+    /// `ENOMEM`. Anonymous and private mappings have nothing to write. A
+    /// failed write is the host's errno; the pages it did not write stay
+    /// dirty.
+    pub fn msync(&self, addr: u64, len: u64) -> Result<()> {
+        let s = &self.s;
+        s.vm.with_ctx(|ctx| s.msync(ctx, addr, len))
+    }
+}
+
+impl Space {
+    fn msync(&self, ctx: &Ctx<'_>, addr: u64, len: u64) -> Result<()> {
+        let op = Op::Msync;
+        if !is_page_aligned(addr) {
+            return Err(Error::inval(op, "address not page-aligned", addr));
+        }
+        let end = page_align_up(len).and_then(|l| addr.checked_add(l)).filter(|&e| e <= TASK_SIZE);
+        let Some(end) = end else {
+            return Err(Error::NotMapped { op, addr, end: addr.saturating_add(len) });
+        };
+        let (targets, hole) = {
+            let map = self.map_read(ctx);
+            let mut pos = addr;
+            let mut hole = false;
+            let mut targets = Vec::new();
+            for v in map.overlapping(addr, end) {
+                hole |= v.start > pos;
+                pos = v.end;
+                targets.extend(file_range(v, addr, end));
+            }
+            (targets, hole || pos < end)
+        };
+        for (o, s, e) in targets {
+            self.write_back(ctx, &o, s, e)?;
+        }
+        if hole {
+            return Err(Error::NotMapped { op, addr, end });
+        }
+        Ok(())
+    }
+
+    /// Write back what the shared file mappings among `removed` (just
+    /// unmapped) left dirty. An error has nobody to go to (`munmap`
+    /// succeeded): it is logged and the pages stay dirty, to be written
+    /// when the object goes.
+    pub(super) fn write_back_removed(&self, ctx: &Ctx<'_>, removed: &[Arc<Vma>]) {
+        for v in removed {
+            if let Some((o, s, e)) = file_range(v, v.start, v.end)
+                && let Err(err) = self.write_back(ctx, &o, s, e)
+            {
+                tracing::warn!(target: "vmfault::file", error = %err, "write-back after munmap failed");
+            }
+        }
+    }
+
+    /// Write back the dirty pages `start..end` of file object `o`.
+    fn write_back(&self, ctx: &Ctx<'_>, o: &Arc<Object>, start: u64, end: u64) -> Result<()> {
+        let n = o.write_back(start, end, |pages| super::rmap::write_protect_everywhere(ctx, o, pages))?;
+        ctx.count_n(Counter::file_writebacks, n);
+        Ok(())
+    }
+}
+
+/// The object and page range of `v` within `start..end`, if `v` is a
+/// shared file mapping.
+fn file_range(v: &Vma, start: u64, end: u64) -> Option<(Arc<Object>, u64, u64)> {
+    let o = v.object.get().filter(|o| v.is_shared() && o.is_file())?;
+    let (s, e) = (v.start.max(start), v.end.min(end));
+    (s < e).then(|| (o.clone(), v.pindex(s), v.pindex(e)))
+}

@@ -1,0 +1,128 @@
+//! Reverse-map walks: every PTE, in every space, that maps a page
+//! (`object::rmap` keeps the metadata). Users: the write-back of shared
+//! file pages (write-protect before writing, `object/file.rs`) and
+//! `unmap_everywhere` (removal of a page from every mapping, which the
+//! page daemon and truncation need).
+//!
+//! With backing records the candidates come from the object's records and
+//! its shadows'; with pv entries, from the page's list. Either way each
+//! candidate PTE is checked, under its PTE lock, to map the page before it
+//! is changed: a record covers a range, not a page, and a list may name a
+//! PTE that a racing fault is replacing.
+
+#![deny(unsafe_code)]
+
+use std::sync::Arc;
+
+use super::{AddressSpace, Space};
+use crate::config::Rmap;
+use crate::object::{ObjRmap, Object};
+use crate::phys::Pfn;
+use crate::pmap::Pte;
+use crate::stats::Counter;
+use crate::types::{PAGE_SIZE, Prot};
+use crate::vm::Ctx;
+
+/// The (space, address) pairs that may map `pfn`, page `pindex` of `o`.
+fn candidates(ctx: &Ctx<'_>, o: &Arc<Object>, pindex: u64, pfn: Pfn) -> Vec<(Arc<Space>, u64)> {
+    ctx.count(Counter::rmap_walks);
+    match ctx.m.config.rmap {
+        Rmap::Backing => ObjRmap::mappings_of(o, pindex),
+        Rmap::PvEntry => {
+            let entries = ctx.m.pv.entries(pfn);
+            let spaces = ctx.m.spaces.lock().unwrap_or_else(|p| p.into_inner());
+            entries.iter().filter_map(|pv| Some((spaces.get(&pv.space)?.upgrade()?, pv.addr))).collect()
+        }
+    }
+}
+
+/// Apply `f` to every PTE that maps one of `pages` (index in `o`, frame),
+/// under its PTE lock; returns the PTEs changed.
+fn for_each_pte(ctx: &Ctx<'_>, o: &Arc<Object>, pages: &[(u64, Pfn)], mut f: impl FnMut(u64, u64, Pte) -> Pte) -> u64 {
+    let phys = &ctx.m.phys;
+    let mut changed = 0;
+    for &(pindex, pfn) in pages {
+        for (space, addr) in candidates(ctx, o, pindex, pfn) {
+            let id = space.id();
+            changed += space.pmap.update_range(phys, addr, addr + PAGE_SIZE, |a, old| {
+                if old.pfn() == pfn { f(id, a, old) } else { old }
+            });
+        }
+    }
+    changed
+}
+
+/// Make every PTE that maps one of `pages` read-only, then wait for a grace
+/// period if any was writable: no store through one is in flight afterwards.
+pub(super) fn write_protect_everywhere(ctx: &Ctx<'_>, o: &Arc<Object>, pages: &[(u64, Pfn)]) {
+    let narrowed = for_each_pte(ctx, o, pages, |_, _, old| old.restricted(Prot::READ | Prot::EXEC));
+    if narrowed > 0 {
+        ctx.count(Counter::tlb_shootdowns);
+        ctx.m.rcu.synchronize();
+    }
+}
+
+impl AddressSpace {
+    /// Unmap the page that backs `addr` in this space from *every* space
+    /// that maps it (clear each PTE found through the reverse map), as the
+    /// page daemon does before it reclaims a page. The page stays in its
+    /// object, so the next access faults it back in. Returns the PTEs
+    /// cleared, 0 if nothing is mapped at `addr`.
+    ///
+    /// ```
+    /// use vmfault::{Vm, VmConfig, Prot, MapFlags};
+    /// let vm = Vm::new(VmConfig { phys_bytes: 16 << 20, ..VmConfig::default() })?;
+    /// let a = vm.new_space()?;
+    /// let b = vm.new_space()?;
+    /// let rw = Prot::READ | Prot::WRITE;
+    /// let p = a.mmap(0, 4096, rw, MapFlags::SHARED | MapFlags::ANONYMOUS)?;
+    /// a.write(p, b"shared")?;
+    /// let child = a.fork()?; // shares the page
+    /// child.read(p, &mut [0u8; 6])?;
+    /// assert_eq!(a.unmap_everywhere(p)?, 2);
+    /// let mut buf = [0u8; 6];
+    /// child.read(p, &mut buf)?; // faults it back in
+    /// assert_eq!(&buf, b"shared");
+    /// # drop(b);
+    /// # Ok::<(), vmfault::Error>(())
+    /// ```
+    pub fn unmap_everywhere(&self, addr: u64) -> crate::Result<u64> {
+        let s = &self.s;
+        s.vm.with_ctx(|ctx| {
+            let found = {
+                let map = s.map_read(ctx);
+                let section = ctx.rcu_read();
+                let v = map.find(addr);
+                let pte = s.pmap.translate(&ctx.m.phys, addr, crate::Access::Read);
+                v.and_then(|v| Some((v.object.get()?.clone(), v.pindex(addr), pte?)))
+                    .map(|(o, i, pfn)| (owner_of(&o, i, pfn, &section), i, pfn))
+            };
+            let Some((o, pindex, pfn)) = found else { return Ok(0) };
+            let cleared = for_each_pte(ctx, &o, &[(pindex, pfn)], |id, a, old| {
+                super::pv_unmapped(ctx.m, id, a, old);
+                Pte::NONE
+            });
+            ctx.count_n(Counter::pages_unmapped, cleared);
+            if cleared > 0 {
+                ctx.count(Counter::tlb_shootdowns);
+                ctx.m.rcu.synchronize();
+            }
+            Ok(cleared)
+        })
+    }
+}
+
+/// The object in `top`'s chain that holds `pfn` at `pindex` (the walk
+/// starts there: its records and everything above it).
+fn owner_of(top: &Arc<Object>, pindex: u64, pfn: Pfn, section: &crate::sync::rcu::RcuReadGuard<'_>) -> Arc<Object> {
+    let mut o = top.clone();
+    loop {
+        if o.holds(pindex, pfn) {
+            return o;
+        }
+        match o.below(section) {
+            Some(b) => o = b,
+            None => return top.clone(),
+        }
+    }
+}

@@ -1,0 +1,222 @@
+//! File objects: the page cache of one file.
+//!
+//! `mmap_file` finds the file's object in the machine's registry
+//! ([`Files`], keyed by device and inode), so every mapping of a file in a
+//! `Vm`, through any handle and from any space, shares one set of pages,
+//! as Linux's page cache does. The object keeps its own handle (a `dup`).
+//!
+//! - *Fill*: a fault that finds no page reads it with `pread` into a new
+//!   frame, outside every lock but the map lock (the classic path: the
+//!   lockless ones give up on a page that needs I/O, counted in
+//!   `spf_vma_notsup`), and inserts it with the usual CAS. Bytes past the
+//!   end of the file in the last page read as zeros; a page wholly past
+//!   the end is SIGBUS ([`Error::Bus`]), as on Linux.
+//! - *Dirty*: a shared mapping maps a file page read-only on a read fault,
+//!   so the first store faults and marks the entry `DIRTY` (Linux's write
+//!   notification, `vma_wants_writenotify`).
+//! - *Write-back* ([`Object::write_back`]): for each dirty page, clear the
+//!   bit, write-protect every PTE that maps it, wherever it is (the reverse
+//!   map: `aspace::rmap`), wait for a grace period so that no store through
+//!   an old writable PTE is still in flight, then `pwrite` it, never past
+//!   the end of the file. A store after the write-protection faults and
+//!   dirties the page again; a failed write marks it dirty again, so
+//!   nothing is lost. `msync` and `munmap` write back their range, the
+//!   object's end everything.
+//!
+//! The page cache is vmfault's own: writes to the file through `write(2)`
+//! while pages are cached are not seen by the mappings (and are overwritten
+//! by a later write-back of a dirty page), unlike Linux's unified cache.
+//! Truncation while mapped is not followed either: the size is read when a
+//! page is filled and when one is written back.
+
+#![deny(unsafe_code)]
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+
+use super::{DIRTY, Insert, Object, PRESENT};
+use crate::error::{Error, Op, Result};
+use crate::phys::Pfn;
+use crate::pmap::OutOfFrames;
+use crate::types::{PAGE_SHIFT, PAGE_SIZE};
+use crate::vm::{Ctx, Machine};
+
+/// What a file object knows of its file.
+#[derive(Debug)]
+pub(crate) struct FileData {
+    /// `[I]` the object's own handle.
+    file: File,
+    /// `[I]` (device, inode): the registry key.
+    key: (u64, u64),
+}
+
+/// The registry of file objects of a machine.
+#[derive(Debug, Default)]
+pub(crate) struct Files {
+    /// Objects by (device, inode). An entry whose object is dead belongs to
+    /// an object still writing back in its `Drop`: wait for `gone`.
+    map: Mutex<HashMap<(u64, u64), Weak<Object>>>,
+    /// Signalled when a dying object has written back and left the map.
+    gone: Condvar,
+}
+
+fn host(call: &'static str, e: &std::io::Error) -> Error {
+    Error::Host { call, errno: e.raw_os_error().unwrap_or(libc::EIO) }
+}
+
+impl Object {
+    /// The object of `file` (the one every mapping of it shares), made on
+    /// first use.
+    pub(crate) fn for_file(ctx: &Ctx<'_>, m: &Arc<Machine>, file: &File) -> Result<Arc<Object>> {
+        let meta = file.metadata().map_err(|e| host("fstat", &e))?;
+        let key = (meta.dev(), meta.ino());
+        let mut map = m.files.map.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            match map.get(&key) {
+                Some(w) => match w.upgrade() {
+                    Some(o) => return Ok(o),
+                    // Dying: its write-back must land before we read the file.
+                    None => map = m.files.gone.wait(map).unwrap_or_else(|p| p.into_inner()),
+                },
+                None => break,
+            }
+        }
+        let own = file.try_clone().map_err(|e| host("dup", &e))?;
+        let o = Self::with_backing(ctx, m, None, false, Some(FileData { file: own, key }))
+            .map_err(|_| Error::NoMemory { op: Op::Mmap, what: "a file object's page index" })?;
+        map.insert(key, Arc::downgrade(&o));
+        Ok(o)
+    }
+
+    /// Read page `pindex` of the file into the cache (unless another vCPU
+    /// did first). `addr` is the faulting address, for SIGBUS.
+    ///
+    /// Call outside any RCU section (it allocates, and it does I/O).
+    pub(crate) fn fill(&self, ctx: &Ctx<'_>, op: Op, addr: u64, pindex: u64) -> Result<()> {
+        let fd = self.file.as_ref().expect("fill of a file object");
+        let frames = ctx.frames();
+        let nomem = |what| Error::NoMemory { op, what };
+        self.reserve(&frames, pindex).map_err(|_: OutOfFrames| nomem("an object's page-index node"))?;
+        let mut frame = frames.alloc().ok_or(nomem("a data page"))?;
+        let buf = frames.phys().owned_bytes(&mut frame);
+        let offset = pindex << PAGE_SHIFT;
+        let mut got = 0;
+        let res = loop {
+            match fd.file.read_at(&mut buf[got..], offset + got as u64) {
+                Ok(0) => break Ok(()),
+                Ok(n) => {
+                    got += n;
+                    if got == buf.len() {
+                        break Ok(());
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => break Err(host("pread", &e)),
+            }
+        };
+        buf[got..].fill(0);
+        let res = res.and_then(|()| {
+            if got > 0 {
+                return Ok(());
+            }
+            // Nothing there: beyond the end (or exactly at it).
+            let size = fd.file.metadata().map_err(|e| host("fstat", &e))?.len();
+            if offset >= size { Err(Error::Bus { addr, pgoff: pindex, size }) } else { Ok(()) }
+        });
+        if let Err(e) = res {
+            frames.free_owned(frame);
+            return Err(e);
+        }
+        match self.insert(&frames, pindex, frame) {
+            Ok(Insert::Ours(_)) => {
+                ctx.count(crate::stats::Counter::file_fills);
+                Ok(())
+            }
+            Ok(Insert::Theirs(_)) => Ok(()),
+            Err((_, frame)) => {
+                frames.free_owned(frame);
+                Err(nomem("an object's page-index node"))
+            }
+        }
+    }
+
+    /// A shared mapping may write page `pindex` from now on.
+    pub(crate) fn mark_dirty(&self, pindex: u64) {
+        if let Some(leaf) = self.index.leaf(&self.m.phys, pindex) {
+            leaf.entry.fetch_or(DIRTY, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// Take the dirty pages of `start..end`: clear their bits and return them.
+    fn take_dirty(&self, start: u64, end: u64) -> Vec<(u64, Pfn)> {
+        let mut out = Vec::new();
+        self.index.for_each_present(&self.m.phys, start, end, |i, leaf| {
+            let e = leaf.entry.load(std::sync::atomic::Ordering::Relaxed);
+            if e & DIRTY != 0 && e & PRESENT != 0 {
+                let old = leaf.entry.fetch_and(!DIRTY, std::sync::atomic::Ordering::AcqRel);
+                out.push((i, Pfn((old >> 12) as u32)));
+            }
+        });
+        out
+    }
+
+    /// Write the dirty pages of `start..end` (page indexes) back to the
+    /// file; `protect` write-protects every PTE that maps a page (the
+    /// reverse map) and returns once no store through one can be in flight.
+    /// Returns the pages written. On an I/O error the pages not written
+    /// stay dirty.
+    pub(crate) fn write_back(&self, start: u64, end: u64, protect: impl FnOnce(&[(u64, Pfn)])) -> Result<u64> {
+        let Some(fd) = &self.file else { return Ok(0) };
+        let pages = self.take_dirty(start, end);
+        if pages.is_empty() {
+            return Ok(0);
+        }
+        protect(&pages);
+        let size = match fd.file.metadata() {
+            Ok(m) => m.len(),
+            Err(e) => {
+                self.redirty(&pages);
+                return Err(host("fstat", &e));
+            }
+        };
+        let mut buf = vec![0u8; PAGE_SIZE as usize];
+        for (n, &(i, pfn)) in pages.iter().enumerate() {
+            let offset = i << PAGE_SHIFT;
+            if offset >= size {
+                continue;
+            }
+            let len = (size - offset).min(PAGE_SIZE) as usize;
+            self.m.phys.read_bytes(pfn, 0, &mut buf[..len]);
+            if let Err(e) = fd.file.write_all_at(&buf[..len], offset) {
+                self.redirty(&pages[n..]);
+                return Err(host("pwrite", &e));
+            }
+        }
+        Ok(pages.len() as u64)
+    }
+
+    fn redirty(&self, pages: &[(u64, Pfn)]) {
+        for &(i, _) in pages {
+            self.mark_dirty(i);
+        }
+    }
+
+    /// The end of a file object: write back what is dirty (nothing maps
+    /// it any more), leave the registry, wake whoever waits to map the file
+    /// again. An I/O error here has nobody to report to: it is logged.
+    pub(super) fn drop_file(&mut self) {
+        if let Err(e) = self.write_back(0, u64::MAX, |_| {}) {
+            tracing::error!(target: "vmfault::file", error = %e, "write-back of a file object lost data at its end");
+        }
+        let key = self.file.as_ref().expect("a file object").key;
+        let files = &self.m.files;
+        let mut map = files.map.lock().unwrap_or_else(|p| p.into_inner());
+        if map.get(&key).is_some_and(|w| w.strong_count() == 0) {
+            map.remove(&key);
+        }
+        drop(map);
+        files.gone.notify_all();
+    }
+}

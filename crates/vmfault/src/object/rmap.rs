@@ -1,0 +1,249 @@
+//! The reverse map: from a page back to the PTEs that map it, two ways
+//! (`VmConfig::rmap`, protocol 6 of shared/DESIGN.md).
+//!
+//! # Backing records (`Rmap::Backing`, DragonFly's `vm_map_backing`)
+//! Each object keeps, under its own small lock, one record per mapping of
+//! one of its ranges (space, first address, end, page offset) and a link to
+//! each of its shadow objects. The mappings of page `i` of object `o` are
+//! the records of `o` that cover `i`, and those of the objects that shadow
+//! `o` (recursively), which may map it read-only: the address is computed
+//! from the record, the PTE there is checked to map the page. Metadata
+//! grows with mappings and chain links, not with pages: a 64 MiB object
+//! mapped by 64 spaces costs 64 records.
+//!
+//! DragonFly replicates a mapping's record at every level of its chain so
+//! that a walk never climbs; we keep one record per mapping, on its top
+//! object, plus one link per shadow, and climb the links instead: a fork
+//! then adds two links and one record per VMA, where replication would add
+//! one record per VMA per level, and a collapse (`shadow.rs`) moves one
+//! link instead of rewriting the records of every VMA above. A walk takes
+//! one object's lock at a time and copies what it needs, so it never holds
+//! two: the order against collapses (top-down) cannot be violated.
+//!
+//! Records are added when a VMA with an object enters a space's index (or
+//! gets its object, `anon::prepare`) and removed when it leaves it, under
+//! the map lock; several identical VMAs may be in flight at once (a
+//! renewed VMA and its retired copy), so records are a multiset.
+//!
+//! # pv entries (`Rmap::PvEntry`, the baseline)
+//! One entry (space, address) per present PTE that maps a data page, on a
+//! list per frame ([`PvTable`]), added by every fault that installs a PTE
+//! and removed by every zap, under the PTE lock: metadata grows with pages
+//! times mappings, and every fault pays a list operation.
+//!
+//! Lock order: map lock → anon lock → object lock `[O]` → the rmap lock
+//! here → PTE lock → pv lock.
+
+#![deny(unsafe_code)]
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use super::Object;
+use crate::aspace::Space;
+use crate::phys::Pfn;
+use crate::vm::Machine;
+
+/// A backing record's identity: (space id, first address, end, page offset).
+pub(crate) type BackingKey = (u64, u64, u64, u64);
+
+type Record = (BackingKey, (Weak<Space>, u32));
+
+/// The reverse map of one object.
+#[derive(Debug, Default)]
+pub(crate) struct ObjRmap {
+    /// The rmap lock: inner to the object lock, outer to PTE locks.
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// `[O]` records of the mappings of this object's ranges, counted.
+    backings: HashMap<BackingKey, (Weak<Space>, u32)>,
+    /// `[O]` the objects whose backing object this is (dead ones pruned lazily).
+    shadows: Vec<Weak<Object>>,
+}
+
+impl Inner {
+    /// Bytes of metadata this list holds (hash table slots, control bytes, links).
+    fn footprint(&self) -> i64 {
+        let slots = self.backings.capacity();
+        (slots * (size_of::<Record>() + 1) + self.shadows.capacity() * size_of::<Weak<Object>>()) as i64
+    }
+}
+
+/// Machine-wide reverse-map totals (backing records and links; pv entries
+/// are counted from their table when statistics are read). Changed on
+/// mapping changes, never on the fault path.
+#[derive(Debug, Default)]
+pub(crate) struct RmapTotals {
+    /// `[a]` bytes held by the objects' lists.
+    pub(crate) bytes: AtomicI64,
+    /// `[a]` backing records (with multiplicity).
+    pub(crate) records: AtomicI64,
+}
+
+impl ObjRmap {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Run `f` on the list, accounting for its change in size.
+    fn change<R>(&self, m: &Machine, f: impl FnOnce(&mut Inner) -> (R, i64)) -> R {
+        let mut g = self.lock();
+        let before = g.footprint();
+        let (r, records) = f(&mut g);
+        let delta = g.footprint() - before;
+        drop(g);
+        if delta != 0 {
+            m.rmap.bytes.fetch_add(delta, Ordering::Relaxed);
+        }
+        if records != 0 {
+            m.rmap.records.fetch_add(records, Ordering::Relaxed);
+        }
+        r
+    }
+
+    /// Record a mapping of this object.
+    fn link(&self, m: &Machine, key: BackingKey, space: &Weak<Space>) {
+        self.change(m, |g| {
+            g.backings.entry(key).or_insert_with(|| (space.clone(), 0)).1 += 1;
+            ((), 1)
+        })
+    }
+
+    /// Forget one record of a mapping (one that `link` added).
+    fn unlink(&self, m: &Machine, key: BackingKey) {
+        self.change(m, |g| {
+            let gone = match g.backings.get_mut(&key) {
+                Some(e) if e.1 > 1 => {
+                    e.1 -= 1;
+                    false
+                }
+                Some(_) => true,
+                None => {
+                    debug_assert!(false, "unlinking a backing record that was never linked: {key:?}");
+                    return ((), 0);
+                }
+            };
+            if gone {
+                g.backings.remove(&key);
+                if g.backings.len() * 4 < g.backings.capacity() {
+                    g.backings.shrink_to_fit();
+                }
+            }
+            ((), -1)
+        })
+    }
+
+    /// Link a new shadow object (called as it is built on top of this one).
+    pub(crate) fn add_shadow(&self, m: &Machine, shadow: Weak<Object>) {
+        self.change(m, |g| {
+            g.shadows.retain(|w| w.strong_count() > 0);
+            g.shadows.push(shadow);
+            ((), 0)
+        })
+    }
+
+    /// Give back what the list holds (the object is going away).
+    pub(crate) fn clear(&self, m: &Machine) {
+        self.change(m, |g| {
+            let n: u32 = g.backings.values().map(|v| v.1).sum();
+            *g = Inner::default();
+            ((), -i64::from(n))
+        })
+    }
+
+    /// The mappings that may map page `pindex` of this object: from its own
+    /// records, then from its shadows' (climbing). Each is (space, address).
+    /// Locks one object at a time.
+    pub(crate) fn mappings_of(object: &Arc<Object>, pindex: u64) -> Vec<(Arc<Space>, u64)> {
+        let mut out = Vec::new();
+        let mut todo = vec![object.clone()];
+        while let Some(o) = todo.pop() {
+            let g = o.rmap.lock();
+            for (&(_, start, end, pgoff), (space, _)) in &g.backings {
+                let pages = (end - start) >> crate::types::PAGE_SHIFT;
+                if pindex >= pgoff
+                    && pindex - pgoff < pages
+                    && let Some(s) = space.upgrade()
+                {
+                    out.push((s, start + ((pindex - pgoff) << crate::types::PAGE_SHIFT)));
+                }
+            }
+            todo.extend(g.shadows.iter().filter_map(Weak::upgrade));
+        }
+        out
+    }
+}
+
+impl Object {
+    /// Record a mapping of `key`'s range of this object by `space`.
+    pub(crate) fn link(&self, key: BackingKey, space: &Weak<Space>) {
+        self.rmap.link(&self.m, key, space);
+    }
+
+    /// Forget one record of `key` (the mapping left its space's index).
+    pub(crate) fn unlink(&self, key: BackingKey) {
+        self.rmap.unlink(&self.m, key);
+    }
+}
+
+/// One pv entry: a PTE of space `space` (its id) at `addr` maps the page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Pv {
+    /// The space's id (`Space::id`).
+    pub(crate) space: u64,
+    /// The virtual address of the PTE.
+    pub(crate) addr: u64,
+}
+
+/// The pv lists, one per frame (empty unless `Rmap::PvEntry`).
+#[derive(Debug, Default)]
+pub(crate) struct PvTable {
+    /// The pv lock of each frame: inner to its PTE lock.
+    lists: Box<[Mutex<Vec<Pv>>]>,
+}
+
+impl PvTable {
+    /// A table for `frames` frames.
+    pub(crate) fn new(frames: u32) -> PvTable {
+        PvTable { lists: (0..frames).map(|_| Mutex::new(Vec::new())).collect() }
+    }
+
+    fn list(&self, pfn: Pfn) -> MutexGuard<'_, Vec<Pv>> {
+        self.lists[pfn.0 as usize].lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A PTE now maps `pfn`. Called under that PTE's lock.
+    pub(crate) fn add(&self, pfn: Pfn, pv: Pv) {
+        self.list(pfn).push(pv);
+    }
+
+    /// A PTE no longer maps `pfn`. Called under that PTE's lock.
+    pub(crate) fn remove(&self, pfn: Pfn, pv: Pv) {
+        let mut l = self.list(pfn);
+        if let Some(i) = l.iter().position(|&e| e == pv) {
+            l.swap_remove(i);
+            if l.is_empty() {
+                *l = Vec::new();
+            }
+        } else {
+            debug_assert!(false, "no pv entry for {pv:?} on frame {}", pfn.0);
+        }
+    }
+
+    /// The entries of `pfn` now.
+    pub(crate) fn entries(&self, pfn: Pfn) -> Vec<Pv> {
+        self.list(pfn).clone()
+    }
+
+    /// (entries, bytes of entries allocated) over every frame.
+    pub(crate) fn totals(&self) -> (u64, u64) {
+        self.lists.iter().fold((0, 0), |(n, b), l| {
+            let l = l.lock().unwrap_or_else(|p| p.into_inner());
+            (n + l.len() as u64, b + (l.capacity() * size_of::<Pv>()) as u64)
+        })
+    }
+}
