@@ -131,11 +131,11 @@ pub fn round_until<T: Target>(
                 s.spawn(move || {
                     pin(i);
                     let _cpu = target.enter_thread();
-                    let mut scratch = loops::prepare(w, sizes);
+                    let scratch = loops::prepare(w, sizes);
                     let flt = thread_minor_faults();
                     start.wait();
                     let cpu = thread_cpu_seconds();
-                    let r = loops::run(w, target, sizes, &mut scratch, stop);
+                    let r = scratch.and_then(|mut scratch| loops::run(w, target, sizes, &mut scratch, stop));
                     (r, thread_cpu_seconds() - cpu, thread_minor_faults() - flt)
                 })
             })
@@ -149,8 +149,12 @@ pub fn round_until<T: Target>(
     });
     let after = target.stats();
     let mut r = RoundResult { ops: 0, faults: 0, seconds, cpu_seconds: 0.0, counters: counter_delta(&before, &after) };
-    for (ops, cpu, minflt) in per_thread {
-        r.ops += ops?;
+    for (done, cpu, minflt) in per_thread {
+        let done = done?;
+        r.ops += done.ops;
+        for (k, v) in done.extra {
+            *r.counters.entry(k.to_string()).or_default() += v;
+        }
         r.cpu_seconds += cpu;
         r.faults += minflt;
     }

@@ -215,7 +215,8 @@ pub fn run(plan: &Plan, observe: &mut dyn FnMut(Event)) -> Results {
         footprints.clear();
     }
     let zf = footprints.len() * plan.threads.len() * per_point;
-    observe(Event::Planned { rounds: runnable.len() * plan.threads.len() * systems.len() * per_point + zf });
+    let point_systems: usize = runnable.iter().map(|w| systems.len() - usize::from(plan.host && !w.host_twin())).sum();
+    observe(Event::Planned { rounds: point_systems * plan.threads.len() * per_point + zf });
 
     let host = [System { label: "host".into(), settings: BTreeMap::new(), vm: None }];
     for &bytes in &footprints {
@@ -228,8 +229,10 @@ pub fn run(plan: &Plan, observe: &mut dyn FnMut(Event)) -> Results {
         }
     }
     for &w in &runnable {
+        // Workloads without a host twin run on the Vms only.
+        let on = if w.host_twin() { &systems[..] } else { &systems[..systems.len() - usize::from(plan.host)] };
         for &t in &plan.threads {
-            rows.extend(measure_point(plan, &plan.sizes, w, t, &systems, observe));
+            rows.extend(measure_point(plan, &plan.sizes, w, t, on, observe));
         }
     }
     results::derive(&mut rows, &plan.sizes);
@@ -279,7 +282,12 @@ fn measure_point(
             }
             let secs = if warmup { plan.warmup_secs } else { plan.round_secs };
             let r = match &s.vm {
-                Some(vm) => VmTarget::new(vm).and_then(|t| harness::round(w, &t, threads, secs, sizes)),
+                Some(vm) => {
+                    let r = VmTarget::new(vm).and_then(|t| harness::round(w, &t, threads, secs, sizes));
+                    // Untimed: the files a round mapped stay cached otherwise.
+                    vm.drop_caches();
+                    r
+                }
                 None => harness::round(w, &HostTarget, threads, secs, sizes),
             };
             match r {

@@ -4,10 +4,13 @@
 //! completed before the flag was seen; cleanup after the flag (the last
 //! unmap) is not counted.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::fs::File;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 
-use crate::target::{OpError, Target};
-use crate::workload::{Sizes, Workload};
+use crate::target::{Image, OpError, Target};
+use crate::workload::{SHARED64_REGION, Sizes, Workload};
 
 const PAGE: u64 = 4096;
 
@@ -21,13 +24,82 @@ fn stopped(stop: &AtomicBool) -> bool {
 pub(crate) struct Scratch {
     /// The zero-fill buffer, touched once so the host has backed it.
     buf: Vec<u8>,
+    /// page_fault2/3's file (one per thread, as will-it-scale's), or
+    /// exec1's binary (one for all threads: a shared dynamic binary).
+    file: Option<Arc<TempFile>>,
+}
+
+/// A file in the temporary directory, removed when dropped.
+#[derive(Debug)]
+pub(crate) struct TempFile {
+    path: PathBuf,
+    file: File,
+}
+
+impl TempFile {
+    /// A new file of `len` bytes: sparse (reads as zeros), or filled with a
+    /// pattern when `fill`.
+    fn new(tag: &str, len: u64, fill: bool) -> Result<TempFile, OpError> {
+        static SERIAL: AtomicU64 = AtomicU64::new(0);
+        let n = SERIAL.fetch_add(1, Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("vmfault-bench-{tag}-{}-{n}", std::process::id()));
+        let err = |e: std::io::Error| format!("temporary file {}: {e}", path.display());
+        let file = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&path).map_err(err)?;
+        if fill {
+            let bytes: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            std::io::Write::write_all(&mut &file, &bytes).map_err(err)?;
+        } else {
+            file.set_len(len).map_err(err)?;
+        }
+        Ok(TempFile { path, file })
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// exec1's binary and what one exec touches.
+pub const EXEC1_IMAGE: Image = Image { text: 1 << 20, text_touch: 64, data: 64 << 10, stack: 64 << 10 };
+
+/// exec1's binary, shared by the threads of a round.
+fn exec1_binary() -> Result<Arc<TempFile>, OpError> {
+    static SHARED: Mutex<Weak<TempFile>> = Mutex::new(Weak::new());
+    let mut g = SHARED.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(f) = g.upgrade() {
+        return Ok(f);
+    }
+    let f = Arc::new(TempFile::new("exec1", EXEC1_IMAGE.text + EXEC1_IMAGE.data, true)?);
+    *g = Arc::downgrade(&f);
+    Ok(f)
 }
 
 /// Make `w`'s per-thread state.
-pub(crate) fn prepare(w: Workload, sizes: &Sizes) -> Scratch {
-    match w {
-        Workload::ZeroFill => Scratch { buf: vec![1u8; sizes.region as usize] },
+pub(crate) fn prepare(w: Workload, sizes: &Sizes) -> Result<Scratch, OpError> {
+    Ok(match w {
+        Workload::ZeroFill => Scratch { buf: vec![1u8; sizes.region as usize], ..Scratch::default() },
+        Workload::PageFault2 | Workload::PageFault3 => {
+            Scratch { file: Some(Arc::new(TempFile::new(w.name(), sizes.region, false)?)), ..Scratch::default() }
+        }
+        Workload::Exec1 => Scratch { file: Some(exec1_binary()?), ..Scratch::default() },
         _ => Scratch::default(),
+    })
+}
+
+/// What a thread's loop did: ops, and workload-specific totals.
+#[derive(Debug, Default)]
+pub(crate) struct Done {
+    /// Ops completed before the stop flag.
+    pub(crate) ops: u64,
+    /// Extra totals (name, value), summed over threads into the round's counters.
+    pub(crate) extra: Vec<(&'static str, u64)>,
+}
+
+impl From<u64> for Done {
+    fn from(ops: u64) -> Done {
+        Done { ops, extra: Vec::new() }
     }
 }
 
@@ -38,26 +110,37 @@ pub(crate) fn run<T: Target>(
     sizes: &Sizes,
     scratch: &mut Scratch,
     stop: &AtomicBool,
-) -> Result<u64, OpError> {
-    match w {
-        Workload::PageFault1 => fault_regions(t, sizes.region, stop),
+) -> Result<Done, OpError> {
+    let file = scratch.file.clone();
+    let file = || file.as_deref().map(|f| &f.file).ok_or_else(|| format!("{}: no file prepared", w.name()));
+    let ops = match w {
+        Workload::PageFault1 => fault_regions(t, sizes.region, stop, || t.map(sizes.region)),
+        Workload::PageFault2 => fault_regions(t, sizes.region, stop, || t.map_file(file()?, sizes.region, false)),
+        Workload::PageFault3 => fault_regions(t, sizes.region, stop, || t.map_file(file()?, sizes.region, true)),
         Workload::Ebizzy => ebizzy(t, sizes.ebizzy_chunk, stop),
         Workload::Malloc1 => malloc1(t, sizes.region, stop),
         Workload::Mmap1 => mmap1(t, sizes.region, stop),
         Workload::Brk1 => brk1(t, stop),
         Workload::Fork1 => fork1(t, FORK1_REGION, stop),
+        Workload::Exec1 => exec1(t, file()?, stop),
+        Workload::Shared64 => return shared64(t, stop),
         Workload::ZeroFill => zero_fill(&mut scratch.buf, stop),
-        Workload::Pft | Workload::PageFault2 | Workload::PageFault3 | Workload::Mlock1 => {
-            Err(format!("{} has no free-running loop", w.name()))
-        }
-    }
+        Workload::Pft | Workload::Mlock1 => Err(format!("{} has no free-running loop", w.name())),
+    };
+    ops.map(Done::from)
 }
 
-/// page_fault1: map, write one byte per page, unmap; op = fault.
-fn fault_regions<T: Target>(t: &T, len: u64, stop: &AtomicBool) -> Result<u64, OpError> {
+/// page_fault1 (and 2 and 3, over a file): map, write one byte per page,
+/// unmap; op = fault.
+fn fault_regions<T: Target>(
+    t: &T,
+    len: u64,
+    stop: &AtomicBool,
+    map: impl Fn() -> Result<u64, OpError>,
+) -> Result<u64, OpError> {
     let mut ops = 0;
     while !stopped(stop) {
-        let a = t.map(len)?;
+        let a = map()?;
         for p in 0..len / PAGE {
             if stopped(stop) {
                 break;
@@ -140,6 +223,41 @@ fn fork1<T: Target>(t: &T, len: u64, stop: &AtomicBool) -> Result<u64, OpError> 
     }
     t.unmap(a, len)?;
     Ok(ops)
+}
+
+/// exec1: one exec-like cycle per op.
+fn exec1<T: Target>(t: &T, binary: &File, stop: &AtomicBool) -> Result<u64, OpError> {
+    let mut ops = 0;
+    while !stopped(stop) {
+        t.exec(binary, &EXEC1_IMAGE)?;
+        ops += 1;
+    }
+    Ok(ops)
+}
+
+/// Spaces in a shared64 cycle.
+pub const SHARED64_SPACES: usize = 64;
+
+/// shared64: one cycle per op; the totals of its measurements go to the
+/// round's counters (`shared64_*`), the reverse-map figures as the peak.
+fn shared64<T: Target>(t: &T, stop: &AtomicBool) -> Result<Done, OpError> {
+    let mut d = Done::default();
+    let (mut forks, mut fork_ns, mut unmap_ns, mut peak) = (0, 0, 0, (0, 0, 0));
+    while !stopped(stop) {
+        let c = t.share_cycle(SHARED64_REGION, SHARED64_SPACES)?;
+        (forks, fork_ns, unmap_ns) = (forks + c.forks, fork_ns + c.fork_ns, unmap_ns + c.unmap_ns);
+        peak = peak.max((c.rmap_bytes, c.pv_entries, c.backing_records));
+        d.ops += 1;
+    }
+    d.extra = vec![
+        ("shared64_forks", forks),
+        ("shared64_fork_ns", fork_ns),
+        ("shared64_unmap_ns", unmap_ns),
+        ("shared64_rmap_bytes", peak.0),
+        ("shared64_pv_entries", peak.1),
+        ("shared64_backing_records", peak.2),
+    ];
+    Ok(d)
 }
 
 /// The zero-fill limit: zero 4 KiB pages of a buffer as big as one

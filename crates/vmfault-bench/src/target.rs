@@ -4,6 +4,10 @@
 //! and its host-kernel twin execute the same loop with the same parameters.
 //! Monomorphization keeps the trait out of the measured path.
 
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::time::Instant;
+
 use vmfault::{AddressSpace, CpuGuard, MapFlags, Prot, Stats, Vm};
 
 /// A failed operation inside a workload, as text for the report.
@@ -34,8 +38,74 @@ pub trait Target: Sync {
     /// (copy-on-write faults), then end the child and wait for it.
     fn fork_touch(&self, addr: u64, len: u64) -> Result<(), OpError>;
 
+    /// Map `len` bytes of `file` read-write from offset 0, shared or private.
+    fn map_file(&self, file: &File, len: u64, shared: bool) -> Result<u64, OpError>;
+
+    /// One exec-like cycle (exec1): map the `binary`'s text (private,
+    /// read-execute) and data (private, read-write) and an anonymous stack,
+    /// read `image.text_touch` pages of text, write every data and stack
+    /// page, and tear it all down (vmfault: in a new address space, dropped
+    /// at the end, as exec and exit do).
+    fn exec(&self, binary: &File, image: &Image) -> Result<(), OpError>;
+
+    /// One shared64 cycle (vmfault only): a space maps `len` bytes of
+    /// shared anonymous memory and writes every page, forks `members - 1`
+    /// children that each read every page, then every space unmaps it.
+    fn share_cycle(&self, len: u64, members: usize) -> Result<ShareCycle, OpError>;
+
     /// vmfault's statistics, if this is vmfault.
     fn stats(&self) -> Option<Stats>;
+}
+
+/// The layout of exec1's "binary" and what one exec touches.
+#[derive(Debug, Clone, Copy)]
+pub struct Image {
+    /// Bytes of text, from offset 0 of the binary.
+    pub text: u64,
+    /// Pages of text read by one exec (spread over the text).
+    pub text_touch: u64,
+    /// Bytes of data, right after the text in the binary.
+    pub data: u64,
+    /// Bytes of stack (anonymous).
+    pub stack: u64,
+}
+
+/// What one shared64 cycle measured.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ShareCycle {
+    /// Forks done.
+    pub forks: u64,
+    /// Nanoseconds spent in `fork` (not in the children's faults).
+    pub fork_ns: u64,
+    /// Nanoseconds to unmap the shared range in every space.
+    pub unmap_ns: u64,
+    /// Reverse-map metadata with every space mapping every page.
+    pub rmap_bytes: u64,
+    /// pv entries then.
+    pub pv_entries: u64,
+    /// Backing records then.
+    pub backing_records: u64,
+}
+
+fn touch_image(
+    load: impl Fn(u64) -> Result<(), OpError>,
+    store: impl Fn(u64) -> Result<(), OpError>,
+    text: u64,
+    data: u64,
+    stack: u64,
+    image: &Image,
+) -> Result<(), OpError> {
+    let pages = image.text / 4096;
+    for i in 0..image.text_touch.min(pages) {
+        load(text + (i * pages / image.text_touch.max(1)) * 4096)?;
+    }
+    for a in (data..data + image.data).step_by(4096) {
+        store(a)?;
+    }
+    for a in (stack..stack + image.stack).step_by(4096) {
+        store(a)?;
+    }
+    Ok(())
 }
 
 /// vmfault: one address space of a `Vm`; workers attach as vCPUs.
@@ -96,9 +166,70 @@ impl Target for VmTarget {
         Ok(())
     }
 
+    fn map_file(&self, file: &File, len: u64, shared: bool) -> Result<u64, OpError> {
+        let flags = if shared { MapFlags::SHARED } else { MapFlags::PRIVATE };
+        self.space.mmap_file(0, len, RW, flags, file, 0).map_err(|e| e.to_string())
+    }
+
+    fn exec(&self, binary: &File, image: &Image) -> Result<(), OpError> {
+        let e = |e: vmfault::Error| e.to_string();
+        let s = self.vm.new_space().map_err(e)?;
+        let text = s.mmap_file(0, image.text, Prot::READ | Prot::EXEC, MapFlags::PRIVATE, binary, 0).map_err(e)?;
+        let data = s.mmap_file(0, image.data, RW, MapFlags::PRIVATE, binary, image.text).map_err(e)?;
+        let stack = s.mmap(0, image.stack, RW, PA).map_err(e)?;
+        touch_image(
+            |a| s.read(a, &mut [0u8; 1]).map_err(e),
+            |a| s.write(a, &[0]).map_err(e),
+            text,
+            data,
+            stack,
+            image,
+        )?;
+        drop(s); // exit: every mapping goes
+        Ok(())
+    }
+
+    fn share_cycle(&self, len: u64, members: usize) -> Result<ShareCycle, OpError> {
+        let e = |e: vmfault::Error| e.to_string();
+        let parent = self.vm.new_space().map_err(e)?;
+        let a = parent.mmap(0, len, RW, MapFlags::SHARED | MapFlags::ANONYMOUS).map_err(e)?;
+        for p in (a..a + len).step_by(4096) {
+            parent.write(p, &[1]).map_err(e)?;
+        }
+        let mut c = ShareCycle::default();
+        let mut spaces = vec![parent.clone()];
+        let mut buf = [0u8; 1];
+        for _ in 1..members {
+            let t = Instant::now();
+            let child = parent.fork().map_err(e)?;
+            c.fork_ns += t.elapsed().as_nanos() as u64;
+            c.forks += 1;
+            for p in (a..a + len).step_by(4096) {
+                child.read(p, &mut buf).map_err(e)?;
+            }
+            spaces.push(child);
+        }
+        let st = self.vm.stats();
+        (c.rmap_bytes, c.pv_entries, c.backing_records) = (st.rmap_bytes, st.pv_entries, st.backing_records);
+        let t = Instant::now();
+        for s in &spaces {
+            s.munmap(a, len).map_err(e)?;
+        }
+        c.unmap_ns = t.elapsed().as_nanos() as u64;
+        Ok(c)
+    }
+
     fn stats(&self) -> Option<Stats> {
         Some(self.vm.stats())
     }
+}
+
+/// `mmap` on the host; the address, or the errno as text.
+fn host_mmap(len: u64, prot: i32, flags: i32, fd: i32, offset: u64) -> Result<u64, OpError> {
+    // SAFETY: a new mapping chosen by the kernel (no MAP_FIXED): nothing
+    // existing is touched.
+    let p = unsafe { libc::mmap(std::ptr::null_mut(), len as usize, prot, flags, fd, offset as libc::off_t) };
+    if p == libc::MAP_FAILED { Err(errno_text("mmap")) } else { Ok(p as u64) }
 }
 
 /// The host kernel: real `mmap`, `munmap` and stores in this process.
@@ -185,6 +316,38 @@ impl Target for HostTarget {
             }
         }
         Ok(())
+    }
+
+    fn map_file(&self, file: &File, len: u64, shared: bool) -> Result<u64, OpError> {
+        let flags = if shared { libc::MAP_SHARED } else { libc::MAP_PRIVATE };
+        host_mmap(len, libc::PROT_READ | libc::PROT_WRITE, flags, file.as_raw_fd(), 0)
+    }
+
+    fn exec(&self, binary: &File, image: &Image) -> Result<(), OpError> {
+        let fd = binary.as_raw_fd();
+        let text = host_mmap(image.text, libc::PROT_READ | libc::PROT_EXEC, libc::MAP_PRIVATE, fd, 0)?;
+        let data = host_mmap(image.data, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE, fd, image.text)?;
+        let stack = self.map(image.stack)?;
+        touch_image(
+            |a| {
+                // SAFETY: a page of the text mapping just made, readable.
+                std::hint::black_box(unsafe { std::ptr::read_volatile(a as *const u8) });
+                Ok(())
+            },
+            |a| self.store(a),
+            text,
+            data,
+            stack,
+            image,
+        )?;
+        for (a, len) in [(text, image.text), (data, image.data), (stack, image.stack)] {
+            self.unmap(a, len)?;
+        }
+        Ok(())
+    }
+
+    fn share_cycle(&self, _len: u64, _members: usize) -> Result<ShareCycle, OpError> {
+        Err("shared64 has no host twin (it measures vmfault's reverse map)".into())
     }
 
     fn stats(&self) -> Option<Stats> {

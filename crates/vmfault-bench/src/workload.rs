@@ -40,9 +40,23 @@ pub enum Workload {
     /// child writes every page and exits; one op = one fork.
     #[serde(rename = "fork1")]
     Fork1,
+    /// 64 address spaces (a parent and 63 children of fork) share 64 MiB
+    /// of shared anonymous memory, every page mapped in every space, then
+    /// unmap it; one op = one such cycle (vmfault only: it measures the
+    /// reverse map: rmap bytes, fork time, unmap time).
+    #[serde(rename = "shared64")]
+    Shared64,
+    /// The seed's exec loop: a new space maps a shared "binary" file (text
+    /// private read-execute, data private read-write) and a stack, faults a
+    /// working set, exits; one op = one exec.
+    #[serde(rename = "exec1")]
+    Exec1,
     /// The zero-fill limit: zeroing 4 KiB pages of the same footprint.
     ZeroFill,
 }
+
+/// shared64's shared region.
+pub const SHARED64_REGION: u64 = 64 << 20;
 
 /// Sizes of the workloads (the defaults are the originals').
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -66,7 +80,7 @@ impl Sizes {
 
 impl Workload {
     /// Every workload, in display order.
-    pub const ALL: [Workload; 11] = [
+    pub const ALL: [Workload; 13] = [
         Workload::PageFault1,
         Workload::PageFault2,
         Workload::PageFault3,
@@ -77,6 +91,8 @@ impl Workload {
         Workload::Ebizzy,
         Workload::Mlock1,
         Workload::Fork1,
+        Workload::Shared64,
+        Workload::Exec1,
         Workload::ZeroFill,
     ];
 
@@ -97,6 +113,8 @@ impl Workload {
             Workload::Ebizzy => "ebizzy",
             Workload::Mlock1 => "mlock1",
             Workload::Fork1 => "fork1",
+            Workload::Shared64 => "shared64",
+            Workload::Exec1 => "exec1",
             Workload::ZeroFill => "zero_fill",
         }
     }
@@ -121,6 +139,12 @@ impl Workload {
             Workload::Fork1 => {
                 "touch 1 MiB private, then fork; the child writes every page (copy-on-write) and exits (op = fork)"
             }
+            Workload::Shared64 => {
+                "64 spaces (fork) share 64 MiB shared anonymous, every page mapped everywhere, then unmap (op = cycle)"
+            }
+            Workload::Exec1 => {
+                "exec-like: new space maps a shared 1 MiB binary + data + stack, faults 96 pages, exits (op = exec)"
+            }
             Workload::ZeroFill => "zero 4 KiB pages of the same footprint (op = page): the zero-fill limit",
         }
     }
@@ -128,9 +152,6 @@ impl Workload {
     /// Why vmfault cannot run it yet, if it cannot.
     pub fn unsupported(self) -> Option<&'static str> {
         match self {
-            Workload::PageFault2 | Workload::PageFault3 => {
-                Some("not yet supported: needs file mappings (issue: VM objects, fork and file mappings)")
-            }
             Workload::Mlock1 => {
                 Some("not yet supported: needs mlock and page wiring (issue: reference counting and reclaim)")
             }
@@ -138,11 +159,18 @@ impl Workload {
         }
     }
 
+    /// Whether the host kernel runs a twin of it.
+    pub fn host_twin(self) -> bool {
+        self != Workload::Shared64
+    }
+
     /// The unit of one op.
     pub fn op_unit(self) -> &'static str {
         match self {
             Workload::PageFault1 | Workload::PageFault2 | Workload::PageFault3 | Workload::Pft => "faults",
             Workload::Ebizzy => "records",
+            Workload::Shared64 => "cycles",
+            Workload::Exec1 => "execs",
             Workload::ZeroFill => "pages",
             _ => "ops",
         }
@@ -151,13 +179,17 @@ impl Workload {
     /// Bytes of vmfault physical memory one thread needs at most.
     pub fn footprint_per_thread(self, sizes: &Sizes) -> u64 {
         match self {
-            Workload::PageFault1 | Workload::PageFault2 | Workload::PageFault3 => sizes.region,
+            Workload::PageFault1 | Workload::PageFault3 => sizes.region,
+            // The file's cached pages and the private copies.
+            Workload::PageFault2 => 2 * sizes.region,
             Workload::Malloc1
             | Workload::Mmap1
             | Workload::Brk1
             | Workload::Mlock1
             | Workload::Fork1
             | Workload::ZeroFill => 1 << 20,
+            Workload::Shared64 => SHARED64_REGION + (12 << 20),
+            Workload::Exec1 => 1 << 20,
             Workload::Pft => 0,
             Workload::Ebizzy => sizes.ebizzy_chunk,
         }
@@ -171,7 +203,11 @@ impl Workload {
 
     /// Bytes of vmfault physical memory shared by all threads.
     pub fn footprint_shared(self, sizes: &Sizes) -> u64 {
-        if self == Workload::Pft { sizes.pft_region } else { 0 }
+        match self {
+            Workload::Pft => sizes.pft_region,
+            Workload::Exec1 => crate::loops::EXEC1_IMAGE.text + crate::loops::EXEC1_IMAGE.data,
+            _ => 0,
+        }
     }
 }
 

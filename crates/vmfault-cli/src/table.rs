@@ -117,6 +117,7 @@ pub(crate) fn render(results: &Results, plan: &Plan) -> String {
         let _ = writeln!(out, "\nzero-fill limit over {} per thread, pages/s: {}", bytes(f), zf.join(", "));
     }
     out.push_str(&aborts(results));
+    out.push_str(&shared64(results));
     if !results.comparisons.is_empty() {
         let _ = writeln!(out, "\ncomparisons (ops/s of b over a, round by round: median [min, max]):");
         let mut lines = vec![["workload", "thr", "knob", "a", "b", "ratio", "[min, max]"].map(String::from).to_vec()];
@@ -156,6 +157,46 @@ fn aborts(results: &Results) -> String {
         lines.push(l);
     }
     format!("\nlockless faults that fell back to the map lock, per 1000 faults, by reason:\n{}", columns(&lines))
+}
+
+/// shared64's reverse-map figures: medians over the rounds of what one
+/// cycle (64 spaces mapping every page) held and took.
+fn shared64(results: &Results) -> String {
+    let rows: Vec<&Row> =
+        results.rows.iter().filter(|r| r.workload == Workload::Shared64 && !r.rounds.is_empty()).collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let mut lines = vec![
+        ["workload", "system", "thr", "rmap bytes", "pv entries", "backing records", "forks/s", "unmap all (ms)"]
+            .map(String::from)
+            .to_vec(),
+    ];
+    for r in rows {
+        let per_round = |f: &dyn Fn(&vmfault_bench::RoundResult) -> f64| median(r.rounds.iter().map(f).collect());
+        let c = |rr: &vmfault_bench::RoundResult, k: &str| rr.counters.get(k).copied().unwrap_or(0) as f64;
+        let threads = r.threads as f64;
+        lines.push(vec![
+            r.workload.name().into(),
+            system(r),
+            r.threads.to_string(),
+            bytes(per_round(&|rr| c(rr, "shared64_rmap_bytes") / threads) as u64),
+            human(per_round(&|rr| c(rr, "shared64_pv_entries") / threads)),
+            human(per_round(&|rr| c(rr, "shared64_backing_records") / threads)),
+            human(per_round(&|rr| c(rr, "shared64_forks") / (c(rr, "shared64_fork_ns") * 1e-9).max(1e-12))),
+            format!("{:.2}", per_round(&|rr| c(rr, "shared64_unmap_ns") * 1e-6 / (rr.ops as f64).max(1.0))),
+        ]);
+    }
+    format!(
+        "
+shared64, per cycle of 64 spaces (medians over rounds; bytes and entries at the peak):
+{}",
+        columns(&lines)
+    )
 }
 
 /// Left-aligned columns separated by two spaces.

@@ -132,6 +132,19 @@ impl Ctx<'_> {
 #[derive(Debug, Clone)]
 pub struct Vm {
     pub(crate) m: Arc<Machine>,
+    /// Dropped with the last handle (address spaces hold one): lets go of
+    /// the cached file objects, which hold the machine themselves.
+    _life: Arc<Life>,
+}
+
+/// See [`Vm::_life`].
+#[derive(Debug)]
+struct Life(Arc<Machine>);
+
+impl Drop for Life {
+    fn drop(&mut self) {
+        self.0.files.drop_cached();
+    }
 }
 
 /// A thread's attachment to a vCPU slot of a [`Vm`]; detaches when dropped.
@@ -180,7 +193,7 @@ impl Vm {
         if m.config.pcpu_drain_hz > 0 {
             spawn_drainer(&m)?;
         }
-        Ok(Vm { m })
+        Ok(Vm { _life: Arc::new(Life(m.clone())), m })
     }
 
     /// Drain every vCPU's page cache into the global free list, without the
@@ -201,6 +214,14 @@ impl Vm {
     /// ```
     pub fn drain_pcpu_caches(&self) -> u64 {
         self.m.phys.drain_pcpu(&self.m.rcu) as u64
+    }
+
+    /// Let go of the page cache of files that no mapping maps any more
+    /// (vmfault keeps the last few files mapped cached, as a kernel keeps
+    /// its page cache; `echo 1 > /proc/sys/vm/drop_caches`). Dirty pages
+    /// are written back first. Returns the file objects let go.
+    pub fn drop_caches(&self) -> usize {
+        self.m.files.drop_cached()
     }
 
     /// The configuration.

@@ -133,9 +133,30 @@ impl Space {
 
     /// Write back the dirty pages `start..end` of file object `o`.
     fn write_back(&self, ctx: &Ctx<'_>, o: &Arc<Object>, start: u64, end: u64) -> Result<()> {
-        let n = o.write_back(start, end, |pages| super::rmap::write_protect_everywhere(ctx, o, pages))?;
+        let n = o.write_back(start, end, |pages| {
+            ctx.count_n(Counter::rmap_walks, pages.len() as u64);
+            if super::rmap::write_protect_everywhere(ctx.m, o, pages) > 0 {
+                ctx.count(Counter::tlb_shootdowns);
+            }
+        })?;
         ctx.count_n(Counter::file_writebacks, n);
         Ok(())
+    }
+}
+
+/// The end of a space: write back what its shared file mappings left dirty
+/// (the file's object may stay cached after its last mapping, see
+/// `object/file.rs`). No vCPU context: any thread may drop the last handle.
+/// Errors are logged; the pages stay dirty.
+pub(super) fn write_back_at_exit(m: &crate::vm::Machine, vmas: &[Arc<Vma>]) {
+    for v in vmas {
+        if let Some((o, s, e)) = file_range(v, v.start, v.end)
+            && let Err(err) = o.write_back(s, e, |pages| {
+                super::rmap::write_protect_everywhere(m, &o, pages);
+            })
+        {
+            tracing::warn!(target: "vmfault::file", error = %err, "write-back at the end of a space failed");
+        }
     }
 }
 

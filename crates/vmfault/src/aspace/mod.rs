@@ -324,6 +324,7 @@ impl Drop for Space {
             self.pmap.zap(&m.phys, 0, crate::types::TASK_SIZE, |addr, pte| pv_unmapped(m, id, addr, pte));
         }
         let vmas = self.map.get_mut().unwrap_or_else(|p| p.into_inner()).take_all();
+        file::write_back_at_exit(&self.vm.m, &vmas);
         drop(vmas);
         let mut retired = std::mem::take(self.retired.get_mut().unwrap_or_else(|p| p.into_inner()));
         drop(self.vm.m.rcu.reclaim(&mut retired, true));

@@ -21,16 +21,15 @@ use crate::phys::Pfn;
 use crate::pmap::Pte;
 use crate::stats::Counter;
 use crate::types::{PAGE_SIZE, Prot};
-use crate::vm::Ctx;
+use crate::vm::Machine;
 
 /// The (space, address) pairs that may map `pfn`, page `pindex` of `o`.
-fn candidates(ctx: &Ctx<'_>, o: &Arc<Object>, pindex: u64, pfn: Pfn) -> Vec<(Arc<Space>, u64)> {
-    ctx.count(Counter::rmap_walks);
-    match ctx.m.config.rmap {
+fn candidates(m: &Machine, o: &Arc<Object>, pindex: u64, pfn: Pfn) -> Vec<(Arc<Space>, u64)> {
+    match m.config.rmap {
         Rmap::Backing => ObjRmap::mappings_of(o, pindex),
         Rmap::PvEntry => {
-            let entries = ctx.m.pv.entries(pfn);
-            let spaces = ctx.m.spaces.lock().unwrap_or_else(|p| p.into_inner());
+            let entries = m.pv.entries(pfn);
+            let spaces = m.spaces.lock().unwrap_or_else(|p| p.into_inner());
             entries.iter().filter_map(|pv| Some((spaces.get(&pv.space)?.upgrade()?, pv.addr))).collect()
         }
     }
@@ -38,11 +37,11 @@ fn candidates(ctx: &Ctx<'_>, o: &Arc<Object>, pindex: u64, pfn: Pfn) -> Vec<(Arc
 
 /// Apply `f` to every PTE that maps one of `pages` (index in `o`, frame),
 /// under its PTE lock; returns the PTEs changed.
-fn for_each_pte(ctx: &Ctx<'_>, o: &Arc<Object>, pages: &[(u64, Pfn)], mut f: impl FnMut(u64, u64, Pte) -> Pte) -> u64 {
-    let phys = &ctx.m.phys;
+fn for_each_pte(m: &Machine, o: &Arc<Object>, pages: &[(u64, Pfn)], mut f: impl FnMut(u64, u64, Pte) -> Pte) -> u64 {
+    let phys = &m.phys;
     let mut changed = 0;
     for &(pindex, pfn) in pages {
-        for (space, addr) in candidates(ctx, o, pindex, pfn) {
+        for (space, addr) in candidates(m, o, pindex, pfn) {
             let id = space.id();
             changed += space.pmap.update_range(phys, addr, addr + PAGE_SIZE, |a, old| {
                 if old.pfn() == pfn { f(id, a, old) } else { old }
@@ -53,13 +52,15 @@ fn for_each_pte(ctx: &Ctx<'_>, o: &Arc<Object>, pages: &[(u64, Pfn)], mut f: imp
 }
 
 /// Make every PTE that maps one of `pages` read-only, then wait for a grace
-/// period if any was writable: no store through one is in flight afterwards.
-pub(super) fn write_protect_everywhere(ctx: &Ctx<'_>, o: &Arc<Object>, pages: &[(u64, Pfn)]) {
-    let narrowed = for_each_pte(ctx, o, pages, |_, _, old| old.restricted(Prot::READ | Prot::EXEC));
+/// period if any was writable: no store through one is in flight
+/// afterwards. Returns the PTEs narrowed. Needs no vCPU context (a space
+/// being dropped calls it).
+pub(super) fn write_protect_everywhere(m: &Machine, o: &Arc<Object>, pages: &[(u64, Pfn)]) -> u64 {
+    let narrowed = for_each_pte(m, o, pages, |_, _, old| old.restricted(Prot::READ | Prot::EXEC));
     if narrowed > 0 {
-        ctx.count(Counter::tlb_shootdowns);
-        ctx.m.rcu.synchronize();
+        m.rcu.synchronize();
     }
+    narrowed
 }
 
 impl AddressSpace {
@@ -98,7 +99,8 @@ impl AddressSpace {
                     .map(|(o, i, pfn)| (owner_of(&o, i, pfn, &section), i, pfn))
             };
             let Some((o, pindex, pfn)) = found else { return Ok(0) };
-            let cleared = for_each_pte(ctx, &o, &[(pindex, pfn)], |id, a, old| {
+            ctx.count(Counter::rmap_walks);
+            let cleared = for_each_pte(ctx.m, &o, &[(pindex, pfn)], |id, a, old| {
                 super::pv_unmapped(ctx.m, id, a, old);
                 Pte::NONE
             });

@@ -60,6 +60,39 @@ pub(crate) struct Files {
     map: Mutex<HashMap<(u64, u64), Weak<Object>>>,
     /// Signalled when a dying object has written back and left the map.
     gone: Condvar,
+    /// The most recently mapped file objects, kept alive after their last
+    /// mapping goes (most recent first), so that a file mapped again (a
+    /// binary at every exec) finds its pages cached, as Linux's page cache
+    /// outlives mappings. Dropped by `Vm::drop_caches` and when a fill finds
+    /// no frame. Inner to `map`'s lock, never held while an object drops.
+    recent: Mutex<std::collections::VecDeque<Arc<Object>>>,
+}
+
+/// File objects kept cached after their last mapping.
+const RECENT_FILES: usize = 8;
+
+impl Files {
+    /// Keep `o` among the recent ones.
+    fn touch(&self, o: &Arc<Object>) {
+        let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        if recent.front().is_some_and(|f| Arc::ptr_eq(f, o)) {
+            return;
+        }
+        recent.retain(|f| !Arc::ptr_eq(f, o));
+        recent.push_front(o.clone());
+        let evicted = (recent.len() > RECENT_FILES).then(|| recent.pop_back());
+        drop(recent);
+        drop(evicted); // may write back and take `map`'s lock
+    }
+
+    /// Let go of the cached objects that nothing maps (their dirty pages
+    /// are written back as they drop). Returns how many were let go.
+    pub(crate) fn drop_cached(&self) -> usize {
+        let all = std::mem::take(&mut *self.recent.lock().unwrap_or_else(|p| p.into_inner()));
+        let n = all.len();
+        drop(all);
+        n
+    }
 }
 
 fn host(call: &'static str, e: &std::io::Error) -> Error {
@@ -73,20 +106,23 @@ impl Object {
         let meta = file.metadata().map_err(|e| host("fstat", &e))?;
         let key = (meta.dev(), meta.ino());
         let mut map = m.files.map.lock().unwrap_or_else(|p| p.into_inner());
-        loop {
-            match map.get(&key) {
-                Some(w) => match w.upgrade() {
-                    Some(o) => return Ok(o),
-                    // Dying: its write-back must land before we read the file.
-                    None => map = m.files.gone.wait(map).unwrap_or_else(|p| p.into_inner()),
-                },
-                None => break,
+        while let Some(w) = map.get(&key) {
+            match w.upgrade() {
+                Some(o) => {
+                    drop(map);
+                    m.files.touch(&o);
+                    return Ok(o);
+                }
+                // Dying: its write-back must land before we read the file.
+                None => map = m.files.gone.wait(map).unwrap_or_else(|p| p.into_inner()),
             }
         }
         let own = file.try_clone().map_err(|e| host("dup", &e))?;
         let o = Self::with_backing(ctx, m, None, false, Some(FileData { file: own, key }))
             .map_err(|_| Error::NoMemory { op: Op::Mmap, what: "a file object's page index" })?;
         map.insert(key, Arc::downgrade(&o));
+        drop(map);
+        m.files.touch(&o);
         Ok(o)
     }
 
@@ -99,7 +135,12 @@ impl Object {
         let frames = ctx.frames();
         let nomem = |what| Error::NoMemory { op, what };
         self.reserve(&frames, pindex).map_err(|_: OutOfFrames| nomem("an object's page-index node"))?;
-        let mut frame = frames.alloc().ok_or(nomem("a data page"))?;
+        let mut frame = match frames.alloc() {
+            Some(f) => f,
+            // The cached files hold frames nobody maps: let them go first.
+            None if self.m.files.drop_cached() > 0 => frames.alloc().ok_or(nomem("a data page"))?,
+            None => return Err(nomem("a data page")),
+        };
         let buf = frames.phys().owned_bytes(&mut frame);
         let offset = pindex << PAGE_SHIFT;
         let mut got = 0;

@@ -6,7 +6,7 @@ pub mod model;
 pub mod ops;
 
 use ops::*;
-use vmfault::{AddressSpace, FaultPath, Vm, VmConfig};
+use vmfault::{AddressSpace, FaultPath, Rmap, Vm, VmConfig};
 
 /// Every fault path: the suites run in all of them.
 pub const FAULT_PATHS: [FaultPath; 3] = [FaultPath::MapLock, FaultPath::Speculative, FaultPath::VmaLock];
@@ -22,14 +22,32 @@ pub fn test_vm(phys_bytes: u64, cpus: usize, path: FaultPath) -> Vm {
 /// every frame back.
 pub fn check_against_host(ops: &[TOp]) -> Result<(), String> {
     let (host, host_maps) = host::run_host(ops)?;
-    for path in FAULT_PATHS {
-        check_path(ops, &host, &host_maps, path).map_err(|e| format!("fault_path={}: {e}", path.name()))?;
+    // Every fault path with backing records, and the pv-entry reverse map
+    // on the speculative one (its bookkeeping runs on every fault and zap).
+    let configs = FAULT_PATHS.map(|p| (p, Rmap::Backing)).into_iter().chain([(FaultPath::Speculative, Rmap::PvEntry)]);
+    for (path, rmap) in configs {
+        check_path(ops, &host, &host_maps, path, rmap)
+            .map_err(|e| format!("fault_path={} rmap={}: {e}", path.name(), rmap.name()))?;
     }
     Ok(())
 }
 
-fn check_path(ops: &[TOp], host: &[Outcome], host_maps: &[Vec<MapEntry>], path: FaultPath) -> Result<(), String> {
-    let vm = test_vm(8 << 20, 1, path);
+fn check_path(
+    ops: &[TOp],
+    host: &[Outcome],
+    host_maps: &[Vec<MapEntry>],
+    path: FaultPath,
+    rmap: Rmap,
+) -> Result<(), String> {
+    let vm = Vm::new(VmConfig {
+        phys_bytes: 8 << 20,
+        cpus: 1,
+        prefault: false,
+        fault_path: path,
+        rmap,
+        ..VmConfig::default()
+    })
+    .unwrap();
     let before_space = vm.stats().free_pages;
     let first = vm.new_space().unwrap();
     let initial_free = vm.stats().free_pages;
@@ -86,9 +104,15 @@ fn check_path(ops: &[TOp], host: &[Outcome], host_maps: &[Vec<MapEntry>], path: 
         return Err(format!("{} frames leaked after unmapping everything", initial_free as i64 - free as i64));
     }
     drop(spaces);
-    let free = vm.stats().free_pages;
-    if free != before_space {
-        return Err(format!("{} frames leaked after dropping every space", before_space as i64 - free as i64));
+    let st = vm.stats();
+    if st.free_pages != before_space {
+        return Err(format!("{} frames leaked after dropping every space", before_space as i64 - st.free_pages as i64));
+    }
+    if (st.pv_entries, st.backing_records, st.rmap_bytes) != (0, 0, 0) {
+        return Err(format!(
+            "reverse map not empty after dropping every space: {} pv entries, {} backing records, {} bytes",
+            st.pv_entries, st.backing_records, st.rmap_bytes
+        ));
     }
     Ok(())
 }
