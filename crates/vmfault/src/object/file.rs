@@ -210,15 +210,27 @@ impl Object {
     /// stay dirty.
     pub(crate) fn write_back(&self, start: u64, end: u64, protect: impl FnOnce(&[(u64, Pfn)])) -> Result<u64> {
         let Some(fd) = &self.file else { return Ok(0) };
-        let pages = self.take_dirty(start, end);
+        crate::sync::write_back_ordered(
+            || self.take_dirty(start, end),
+            |pages| {
+                if !pages.is_empty() {
+                    protect(pages)
+                }
+            },
+            |pages| self.copy_out(fd, pages),
+        )
+    }
+
+    /// Write `pages` to the file, never past its end; on an error, those
+    /// not written are dirty again.
+    fn copy_out(&self, fd: &FileData, pages: &[(u64, Pfn)]) -> Result<u64> {
         if pages.is_empty() {
             return Ok(0);
         }
-        protect(&pages);
         let size = match fd.file.metadata() {
             Ok(m) => m.len(),
             Err(e) => {
-                self.redirty(&pages);
+                self.redirty(pages);
                 return Err(host("fstat", &e));
             }
         };

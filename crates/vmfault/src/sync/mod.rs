@@ -12,6 +12,8 @@
 //! - [`percpu`]: per-CPU caches another CPU can drain (protocols 1 and 2).
 //! - [`vma_state`]: a VMA's sequence count and per-VMA lock (protocols 3 and 4).
 //! - [`publish_if_empty`]: how a collapse moves a page up a shadow chain.
+//! - [`write_back_ordered`]: the order of the steps of a shared file
+//!   page's write-back.
 //!
 //! Under `--cfg loom` the atomics, fences and spin hints are loom's.
 
@@ -62,6 +64,34 @@ pub fn publish_if_empty(slot: &impl Slot, value: u64) -> bool {
         return true;
     }
     slot.cas(0, value).is_ok()
+}
+
+/// The write-back of dirty shared file pages (`object/file.rs`), in the
+/// order that loses no store: `take_dirty` (clear the pages' dirty bits),
+/// then `protect` (make every PTE that maps them read-only, under the PTE
+/// locks, and wait for a grace period, so that no store through an old
+/// writable PTE is in flight), then `copy` (read the pages and write them
+/// out). A store that comes after the protection faults, which marks the
+/// page dirty again under the PTE lock before making it writable; one that
+/// came before it is complete when the grace period ends, so `copy` sees it.
+///
+/// `tests/loom_writeback.rs` races a vCPU's fault and store with it; with
+/// `--cfg vmfault_mutation="writeback_copy_first"` (copy, then protect) a
+/// store lands between the copy and the protection, its page is clean,
+/// and the model fails.
+pub fn write_back_ordered<T, R>(
+    take_dirty: impl FnOnce() -> T,
+    protect: impl FnOnce(&T),
+    copy: impl FnOnce(&T) -> R,
+) -> R {
+    let pages = take_dirty();
+    if cfg!(vmfault_mutation = "writeback_copy_first") {
+        let r = copy(&pages);
+        protect(&pages);
+        return r;
+    }
+    protect(&pages);
+    copy(&pages)
 }
 
 /// Atomics: `std`'s, or loom's under `--cfg loom`.
