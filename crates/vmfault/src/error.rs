@@ -171,6 +171,14 @@ pub enum Error {
         /// What the mapping needs: "reading" or "writing".
         need: &'static str,
     },
+    /// The file cannot be mapped (`ENODEV`): vmfault maps regular files.
+    #[error("{op}: cannot map this file: {what}")]
+    NoDevice {
+        /// The operation.
+        op: Op,
+        /// What the file is.
+        what: &'static str,
+    },
     /// Not allowed (`EPERM`), e.g. a fixed mapping below `mmap_min_addr`.
     #[error("{op}: not permitted: {reason} ({value:#x})")]
     Permission {
@@ -255,6 +263,7 @@ impl Error {
             Error::Exists { .. } => libc::EEXIST,
             Error::Permission { .. } => libc::EPERM,
             Error::Access { .. } => libc::EACCES,
+            Error::NoDevice { .. } => libc::ENODEV,
             Error::BadFile { .. } => libc::EBADF,
             Error::Segv { .. } | Error::Bus { .. } => libc::EFAULT,
             Error::NoCpu { .. } | Error::AlreadyAttached { .. } => libc::EBUSY,

@@ -84,7 +84,11 @@
 //! zero-fill, page rounding, splitting and merging of mappings, SIGSEGV
 //! codes. `tests/differential.rs` compares random operation sequences with
 //! the host kernel; unknown `MAP_*`/`PROT_*` bits are the one deliberate
-//! difference (`EINVAL` here, ignored by Linux's `mmap`).
+//! difference (`EINVAL` here, ignored by Linux's `mmap`). File mappings
+//! (`tests/file.rs`) read the real file, write shared pages back on
+//! `msync`, `munmap` and the end of the mapping, and raise SIGBUS past the
+//! end of the file; their page cache is vmfault's own (see `object/file.rs`
+//! for what that changes: `write(2)` to a mapped file is not seen).
 
 #![warn(missing_docs)]
 

@@ -122,9 +122,11 @@ impl Space {
         // file's, or for a private mapping of a file, a shadow in front of
         // it, which takes the copies. Failing here leaves everything as it was.
         let nomem = |what| Error::NoMemory { op, what };
+        let mut no_write = false;
         let object = match (file, shared) {
             (Some((f, _)), _) => {
-                file_access(f, op, shared && prot.contains(Prot::WRITE))?;
+                let writable = file_access(f, op, shared && prot.contains(Prot::WRITE))?;
+                no_write = shared && !writable;
                 let o = Object::for_file(ctx, &self.vm.m, f)?;
                 Some(match shared {
                     true => o,
@@ -142,6 +144,9 @@ impl Space {
         }
         if file.is_some() {
             vflags |= VmaFlags::FILE;
+        }
+        if no_write {
+            vflags |= VmaFlags::NO_WRITE;
         }
         if flags.contains(MapFlags::NORESERVE) {
             vflags |= VmaFlags::NORESERVE;
@@ -172,17 +177,25 @@ impl Space {
     }
 }
 
-/// Linux's `EACCES` checks of `do_mmap`: the file must be open for reading,
-/// and for writing too if the mapping is shared and writable. A zero-length
-/// read or write tells without changing anything (the kernel checks the
-/// file's mode before the length).
-fn file_access(f: &File, op: Op, write: bool) -> Result<()> {
+/// Linux's checks of a file in `do_mmap`: open for reading (`EACCES`), and
+/// for writing too if the mapping is shared and writable (`EACCES`); then
+/// a kind of file that can be mapped (`ENODEV`: vmfault maps regular files
+/// only). Returns whether the file is open for writing. A zero-length read
+/// or write tells without changing anything (the kernel checks the file's
+/// mode before the length; only `EBADF` means the mode is missing).
+fn file_access(f: &File, op: Op, write: bool) -> Result<bool> {
     use std::os::unix::fs::FileExt;
-    if f.read_at(&mut [], 0).is_err() {
-        return Err(Error::Access { op, need: "reading" });
-    }
-    if write && f.write_at(&[], 0).is_err() {
+    let denied = |r: std::io::Result<usize>| r.is_err_and(|e| e.raw_os_error() == Some(libc::EBADF));
+    let writable = !denied(f.write_at(&[], 0));
+    if write && !writable {
         return Err(Error::Access { op, need: "writing" });
     }
-    Ok(())
+    if denied(f.read_at(&mut [], 0)) {
+        return Err(Error::Access { op, need: "reading" });
+    }
+    let meta = f.metadata().map_err(|e| Error::Host { call: "fstat", errno: e.raw_os_error().unwrap_or(libc::EIO) })?;
+    if !meta.is_file() {
+        return Err(Error::NoDevice { op, what: if meta.is_dir() { "a directory" } else { "not a regular file" } });
+    }
+    Ok(writable)
 }

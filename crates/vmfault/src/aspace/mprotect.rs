@@ -125,6 +125,12 @@ impl Space {
             };
             let stop = vma.end.min(end);
             let (prot, flags) = f(&vma);
+            // Linux's VM_MAYWRITE: a shared mapping of a file not open for
+            // writing can never become writable.
+            if prot.contains(Prot::WRITE) && vma.flags.contains(VmaFlags::NO_WRITE) {
+                result = Err(Error::Access { op, need: "writing" });
+                break;
+            }
             if (prot, flags) != (vma.prot, vma.flags) {
                 let old = map.carve(pos, stop);
                 debug_assert_eq!(old.len(), 1);

@@ -47,6 +47,9 @@ bitflags! {
         /// A file mapping (Linux: `vm_file` set): never merges with, nor
         /// lends its object to, anonymous memory.
         const FILE = 1 << 5;
+        /// Linux's `VM_MAYWRITE` cleared: a shared mapping of a file that is
+        /// not open for writing (`mprotect(PROT_WRITE)` is `EACCES`).
+        const NO_WRITE = 1 << 6;
     }
 }
 
