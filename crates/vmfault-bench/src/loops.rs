@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use crate::target::{Image, OpError, Target};
-use crate::workload::{SHARED64_REGION, Sizes, Workload};
+use crate::workload::{Sizes, Workload};
 
 const PAGE: u64 = 4096;
 
@@ -123,7 +123,7 @@ pub(crate) fn run<T: Target>(
         Workload::Brk1 => brk1(t, stop),
         Workload::Fork1 => fork1(t, FORK1_REGION, stop),
         Workload::Exec1 => exec1(t, file()?, stop),
-        Workload::Shared64 => return shared64(t, stop),
+        Workload::Shared64 => return shared64(t, sizes.shared_region, stop),
         Workload::ZeroFill => zero_fill(&mut scratch.buf, stop),
         Workload::Pft | Workload::Mlock1 => Err(format!("{} has no free-running loop", w.name())),
     };
@@ -240,11 +240,11 @@ pub const SHARED64_SPACES: usize = 64;
 
 /// shared64: one cycle per op; the totals of its measurements go to the
 /// round's counters (`shared64_*`), the reverse-map figures as the peak.
-fn shared64<T: Target>(t: &T, stop: &AtomicBool) -> Result<Done, OpError> {
+fn shared64<T: Target>(t: &T, len: u64, stop: &AtomicBool) -> Result<Done, OpError> {
     let mut d = Done::default();
     let (mut forks, mut fork_ns, mut unmap_ns, mut peak) = (0, 0, 0, (0, 0, 0));
     while !stopped(stop) {
-        let c = t.share_cycle(SHARED64_REGION, SHARED64_SPACES)?;
+        let c = t.share_cycle(len, SHARED64_SPACES)?;
         (forks, fork_ns, unmap_ns) = (forks + c.forks, fork_ns + c.fork_ns, unmap_ns + c.unmap_ns);
         peak = peak.max((c.rmap_bytes, c.pv_entries, c.backing_records));
         d.ops += 1;

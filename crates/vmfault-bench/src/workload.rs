@@ -55,9 +55,6 @@ pub enum Workload {
     ZeroFill,
 }
 
-/// shared64's shared region.
-pub const SHARED64_REGION: u64 = 64 << 20;
-
 /// Sizes of the workloads (the defaults are the originals').
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Sizes {
@@ -67,15 +64,20 @@ pub struct Sizes {
     pub pft_region: u64,
     /// ebizzy's record size.
     pub ebizzy_chunk: u64,
+    /// shared64's shared region (mapped by all 64 spaces).
+    pub shared_region: u64,
 }
 
 impl Sizes {
     /// The originals' sizes: 128 MiB, 256 MiB, 512 KiB.
-    pub const FULL: Sizes = Sizes { region: 128 << 20, pft_region: 256 << 20, ebizzy_chunk: 512 << 10 };
+    pub const FULL: Sizes =
+        Sizes { region: 128 << 20, pft_region: 256 << 20, ebizzy_chunk: 512 << 10, shared_region: 64 << 20 };
     /// Smaller sizes for `--quick` runs and tests.
-    pub const QUICK: Sizes = Sizes { region: 16 << 20, pft_region: 32 << 20, ebizzy_chunk: 512 << 10 };
+    pub const QUICK: Sizes =
+        Sizes { region: 16 << 20, pft_region: 32 << 20, ebizzy_chunk: 512 << 10, shared_region: 16 << 20 };
     /// Tiny sizes, for tests that only check that everything runs.
-    pub const TINY: Sizes = Sizes { region: 256 << 10, pft_region: 512 << 10, ebizzy_chunk: 64 << 10 };
+    pub const TINY: Sizes =
+        Sizes { region: 256 << 10, pft_region: 512 << 10, ebizzy_chunk: 64 << 10, shared_region: 256 << 10 };
 }
 
 impl Workload {
@@ -140,7 +142,7 @@ impl Workload {
                 "touch 1 MiB private, then fork; the child writes every page (copy-on-write) and exits (op = fork)"
             }
             Workload::Shared64 => {
-                "64 spaces (fork) share 64 MiB shared anonymous, every page mapped everywhere, then unmap (op = cycle)"
+                "64 spaces (fork) share 64 MiB of shared anonymous memory, every page mapped in each, then unmap (op = cycle)"
             }
             Workload::Exec1 => {
                 "exec-like: new space maps a shared 1 MiB binary + data + stack, faults 96 pages, exits (op = exec)"
@@ -188,7 +190,8 @@ impl Workload {
             | Workload::Mlock1
             | Workload::Fork1
             | Workload::ZeroFill => 1 << 20,
-            Workload::Shared64 => SHARED64_REGION + (12 << 20),
+            // The region, and the 64 spaces' page tables (1/512 of it each).
+            Workload::Shared64 => sizes.shared_region + sizes.shared_region / 8 + (1 << 20),
             Workload::Exec1 => 1 << 20,
             Workload::Pft => 0,
             Workload::Ebizzy => sizes.ebizzy_chunk,

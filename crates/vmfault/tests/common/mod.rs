@@ -1,6 +1,7 @@
 //! Support shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod files;
 pub mod host;
 pub mod model;
 pub mod ops;
