@@ -234,18 +234,30 @@ impl Object {
                 return Err(host("fstat", &e));
             }
         };
-        let mut buf = vec![0u8; PAGE_SIZE as usize];
-        for (n, &(i, pfn)) in pages.iter().enumerate() {
-            let offset = i << PAGE_SHIFT;
+        // Runs of consecutive pages go out in one write of up to 1 MiB.
+        const RUN: usize = 256;
+        let mut buf = Vec::with_capacity(RUN * PAGE_SIZE as usize);
+        let mut n = 0;
+        while n < pages.len() {
+            let first = pages[n].0;
+            let offset = first << PAGE_SHIFT;
             if offset >= size {
+                n += 1;
                 continue;
             }
-            let len = (size - offset).min(PAGE_SIZE) as usize;
-            self.m.phys.read_bytes(pfn, 0, &mut buf[..len]);
+            let run = pages[n..].iter().take(RUN).enumerate().take_while(|&(k, p)| p.0 == first + k as u64).count();
+            buf.clear();
+            for &(_, pfn) in &pages[n..n + run] {
+                let at = buf.len();
+                buf.resize(at + PAGE_SIZE as usize, 0);
+                self.m.phys.read_bytes(pfn, 0, &mut buf[at..]);
+            }
+            let len = (size - offset).min(buf.len() as u64) as usize;
             if let Err(e) = fd.file.write_all_at(&buf[..len], offset) {
                 self.redirty(&pages[n..]);
                 return Err(host("pwrite", &e));
             }
+            n += run;
         }
         Ok(pages.len() as u64)
     }
