@@ -11,6 +11,8 @@
 //! - [`spin`]: the word lock used as the PTE lock (`[P]`), with a try-lock.
 //! - [`percpu`]: per-CPU caches another CPU can drain (protocols 1 and 2).
 //! - [`vma_state`]: a VMA's sequence count and per-VMA lock (protocols 3 and 4).
+//! - [`refcount`]: a page's atomic reference count (wirings, object
+//!   reference, the BLOCKED bit; protocol 5).
 //! - [`publish_if_empty`]: how a collapse moves a page up a shadow chain.
 //! - [`write_back_ordered`]: the order of the steps of a shared file
 //!   page's write-back.
@@ -20,6 +22,7 @@
 pub(crate) mod cpu;
 pub mod percpu;
 pub mod rcu;
+pub mod refcount;
 pub mod spin;
 pub mod vma_state;
 

@@ -1,0 +1,163 @@
+//! A page's reference count (FreeBSD's `vm_page.ref_count`, protocol 5 of
+//! shared/DESIGN.md): one atomic word instead of a page lock.
+//!
+//! | bits | meaning |
+//! |---|---|
+//! | 31 `OBJREF` | the page belongs to an object (the object's reference) |
+//! | 30 `BLOCKED` | a removal of every mapping is in progress: no new wiring through a mapping |
+//! | 0..30 | wirings (`mlock`, holds of a mapped page) |
+//!
+//! | operation | from | to | fails when |
+//! |---|---|---|---|
+//! | [`RefCount::set_objref`] | 0 (unpublished) | `OBJREF` | never (the page is the caller's alone) |
+//! | [`RefCount::wire`] | any | wirings + 1 | never: the caller holds the page busy or its object's lock, so no removal runs |
+//! | [`RefCount::wire_mapped`] | not `BLOCKED` | wirings + 1 | `BLOCKED` (the caller found the page through a PTE, under its lock, and falls back to a fault) |
+//! | [`RefCount::unwire`] | wirings >= 1 | wirings - 1 | never; says whether that was the last reference (the caller frees the page) |
+//! | [`RefCount::release_objref`] | `OBJREF` | no `OBJREF` | never; says whether no wiring is left (the caller frees the page) |
+//! | [`RefCount::try_block`] | `OBJREF`, 0 wirings, not `BLOCKED` | + `BLOCKED` | a wiring exists (or another removal runs) |
+//! | [`RefCount::unblock`] | `BLOCKED` | - `BLOCKED` | never |
+//!
+//! `try_remove_all` (a page daemon's or truncation's "unmap everywhere")
+//! sets `BLOCKED` only when nothing wires the page, removes every mapping
+//! under the PTE locks, then clears it: a vCPU that found the page through
+//! one of those PTEs, under the PTE lock, either wired it before the block
+//! (and the removal fails) or fails to wire it. Without the `BLOCKED` check
+//! in `wire_mapped` (`--cfg vmfault_mutation="refcount_no_blocked_check"`)
+//! a page can be wired between the check and the removal and then freed
+//! while wired: `tests/loom_refcount.rs` fails.
+//!
+//! Debug builds assert the preconditions of each transition.
+
+use super::atomic::{AtomicU32, Ordering};
+
+/// The object's reference.
+pub const OBJREF: u32 = 1 << 31;
+/// New wirings through mappings are blocked.
+pub const BLOCKED: u32 = 1 << 30;
+/// The wiring count's bits.
+pub const WIRINGS: u32 = BLOCKED - 1;
+
+/// A page's reference count; see the module docs.
+#[derive(Debug, Default)]
+pub struct RefCount(AtomicU32);
+
+impl RefCount {
+    /// A page that nothing references.
+    pub fn new() -> RefCount {
+        RefCount(AtomicU32::new(0))
+    }
+
+    /// The raw word (a snapshot).
+    pub fn get(&self) -> u32 {
+        self.0.load(Ordering::Acquire)
+    }
+
+    /// Wirings now (a snapshot).
+    pub fn wirings(&self) -> u32 {
+        self.get() & WIRINGS
+    }
+
+    /// The page joins an object. Only its owner calls this, before the
+    /// page is published.
+    pub fn set_objref(&self) {
+        let old = self.0.swap(OBJREF, Ordering::Relaxed);
+        debug_assert_eq!(old, 0, "a page joined an object with references");
+    }
+
+    /// Wire a page the caller holds busy or under its object's lock.
+    pub fn wire(&self) {
+        let old = self.0.fetch_add(1, Ordering::AcqRel);
+        debug_assert!(old & WIRINGS < WIRINGS, "wiring count overflow");
+    }
+
+    /// Wire a page found through a PTE, under the PTE lock: fails while a
+    /// removal of every mapping is in progress.
+    pub fn wire_mapped(&self) -> bool {
+        let mut cur = self.0.load(Ordering::Relaxed);
+        loop {
+            if cur & BLOCKED != 0 && !cfg!(vmfault_mutation = "refcount_no_blocked_check") {
+                return false;
+            }
+            debug_assert!(cur & WIRINGS < WIRINGS, "wiring count overflow");
+            match self.0.compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return true,
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    /// Drop one wiring; whether it was the last reference of any kind (the
+    /// caller then frees the page, after a grace period if it was mapped).
+    #[must_use = "the last reference frees the page"]
+    pub fn unwire(&self) -> bool {
+        let old = self.0.fetch_sub(1, Ordering::AcqRel);
+        debug_assert!(old & WIRINGS > 0, "unwiring a page that is not wired ({old:#x})");
+        old & !BLOCKED == 1
+    }
+
+    /// The page leaves its object; whether no wiring is left (the caller
+    /// then frees it).
+    #[must_use = "without wirings the page is freed"]
+    pub fn release_objref(&self) -> bool {
+        let old = self.0.fetch_and(!OBJREF, Ordering::AcqRel);
+        debug_assert!(old & OBJREF != 0, "releasing the object reference of a page without one ({old:#x})");
+        old & WIRINGS == 0
+    }
+
+    /// Block new wirings through mappings if nothing wires the page (the
+    /// first step of `try_remove_all`/`try_remove_write`).
+    pub fn try_block(&self) -> bool {
+        self.0.compare_exchange(OBJREF, OBJREF | BLOCKED, Ordering::AcqRel, Ordering::Relaxed).is_ok()
+    }
+
+    /// Allow wirings again (the last step).
+    pub fn unblock(&self) {
+        let old = self.0.fetch_and(!BLOCKED, Ordering::AcqRel);
+        debug_assert!(old & BLOCKED != 0, "unblocking a page that is not blocked");
+    }
+
+    /// FreeBSD's `vm_page_try_remove_all`: if nothing wires the page, block
+    /// wirings, run `remove` (clear every PTE that maps it, under the PTE
+    /// locks), and unblock. Whether it ran.
+    pub fn try_remove_all(&self, remove: impl FnOnce()) -> bool {
+        if !self.try_block() {
+            return false;
+        }
+        remove();
+        self.unblock();
+        true
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transitions() {
+        let r = RefCount::new();
+        r.set_objref();
+        assert!(r.try_remove_all(|| {}));
+        r.wire();
+        assert!(r.wire_mapped());
+        assert_eq!(r.wirings(), 2);
+        assert!(!r.try_remove_all(|| panic!("a wired page is not unmapped")));
+        assert!(!r.unwire());
+        assert!(!r.release_objref(), "still wired");
+        assert!(r.unwire(), "the last reference");
+        assert_eq!(r.get(), 0);
+    }
+
+    #[test]
+    fn blocked_refuses_wire_mapped() {
+        let r = RefCount::new();
+        r.set_objref();
+        assert!(r.try_block());
+        assert!(!r.wire_mapped());
+        assert!(!r.try_block(), "one removal at a time");
+        r.unblock();
+        assert!(r.wire_mapped());
+        assert!(!r.unwire());
+        assert!(r.release_objref());
+    }
+}
