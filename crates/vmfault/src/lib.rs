@@ -26,7 +26,7 @@
 //!
 //! | layer | module | what |
 //! |---|---|---|
-//! | sync | [`sync`] | our RCU with a blocking `synchronize`, vCPU slots, per-vCPU magazines with remote drain, the VMA state word (SPF sequence and per-VMA lock), the PTE word lock, the loom shim |
+//! | sync | [`sync`] | our RCU with a blocking `synchronize`, vCPU slots, per-vCPU magazines with remote drain, the VMA state word (SPF sequence and per-VMA lock), the PTE word lock, the page reference count (FreeBSD), the loom shim |
 //! | phys | `phys` | frame arena, 64-byte page descriptors, the global free stack, per-CPU page caches, the frame protocol |
 //! | pmap | `pmap` | frame-backed radix trees: page tables (PTE locks, zap, protect, prune) and object indexes |
 //! | object | `object` | VM objects owning pages by index (private and shared anonymous), shadow chains for copy-on-write after `fork` |
