@@ -104,7 +104,7 @@ pub mod sync;
 pub mod types;
 mod vm;
 
-pub use aspace::{AddressSpace, MAX_MAP_COUNT};
+pub use aspace::{AddressSpace, MAX_MAP_COUNT, PageHold};
 pub use config::{FaultPath, Rmap, VmConfig};
 pub use error::{Error, Op, Result, SegvCode};
 pub use stats::{Counter, CpuStats, Stats};

@@ -27,6 +27,7 @@
 mod access;
 mod file;
 mod fork;
+mod hold;
 mod layout;
 mod madvise;
 mod mmap;
@@ -47,6 +48,7 @@ use crate::stats::Counter;
 use crate::sync::rcu::{RcuBox, RcuReadGuard, Retired};
 use crate::types::MappingInfo;
 use crate::vm::{Ctx, Vm};
+pub use hold::PageHold;
 use vma::{Snapshot, Vma, VmaTree};
 
 /// Retired snapshots that make an operation wait for a grace period.

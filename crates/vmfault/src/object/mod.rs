@@ -162,6 +162,7 @@ impl Object {
         let desc = phys.page(page.pfn());
         desc.object.store(self.id, Ordering::Relaxed);
         desc.pindex.store(pindex, Ordering::Relaxed);
+        desc.refs.set_objref();
         let pfn = phys.publish(page, Kind::Data);
         let entry = (u64::from(pfn.0) << 12) | PRESENT;
         // Release: the page's contents (zeroed or copied while it was an
@@ -180,10 +181,11 @@ impl Object {
         }
     }
 
-    /// Remove every page with index in `start..end`, pushing their frames
-    /// onto `out`. The caller has unmapped them and frees them after a
-    /// grace period. Returns the number removed. Holes stay (a shadow
-    /// object's holes are made by `punch_locked`, which calls this).
+    /// Remove every page with index in `start..end`, pushing the frames
+    /// that nothing wires onto `out` (a wired page is freed by its last
+    /// unwiring, `aspace/hold.rs`). The caller has unmapped them and frees
+    /// them after a grace period. Returns the number removed. Holes stay (a
+    /// shadow object's holes are made by `punch_locked`, which calls this).
     pub(crate) fn remove_range(&self, start: u64, end: u64, out: &mut Vec<Pfn>) -> u64 {
         let mut n = 0;
         self.index.for_each_present(&self.m.phys, start, end, |_, leaf| {
@@ -192,11 +194,22 @@ impl Object {
             }
             let e = leaf.entry.swap(0, Ordering::AcqRel);
             if e & PRESENT != 0 {
-                out.push(Pfn((e >> 12) as u32));
+                self.release(Pfn((e >> 12) as u32), out);
                 n += 1;
             }
         });
         n
+    }
+}
+
+impl Object {
+    /// Page `pfn` has left this object: drop the object's reference and
+    /// push the frame onto `out` (to free after a grace period) unless a
+    /// wiring keeps it.
+    pub(crate) fn release(&self, pfn: Pfn, out: &mut Vec<Pfn>) {
+        if self.m.phys.page(pfn).refs.release_objref() {
+            out.push(pfn);
+        }
     }
 }
 
@@ -221,7 +234,9 @@ impl Drop for Object {
         let mut frames = Vec::new();
         let mut leaves = Vec::new();
         self.index.teardown(&self.m.phys, &mut frames, &mut leaves);
-        frames.extend(leaves.into_iter().filter(|e| e & PRESENT != 0).map(|e| Pfn((e >> 12) as u32)));
+        for e in leaves.into_iter().filter(|e| e & PRESENT != 0) {
+            self.release(Pfn((e >> 12) as u32), &mut frames);
+        }
         // Pages may still be mapped in PTEs that a walker read before they
         // were zapped: wait out the grace period inside free_after_grace.
         self.m.phys.free_after_grace(&self.m.rcu, &frames);

@@ -301,7 +301,7 @@ fn absorb(
                 // Hidden by this level's page or hole: nobody maps it (a
                 // PTE that mapped it read-only was replaced when the page
                 // above was installed).
-                out.push(pfn);
+                below.release(pfn, out);
             }
         }
     }

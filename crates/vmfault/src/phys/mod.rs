@@ -195,6 +195,7 @@ impl PhysMem {
         let page = self.page(pfn);
         page.set_kind(kind, Kind::Owned);
         page.object.store(0, Ordering::Relaxed);
+        page.refs.clear();
         OwnedFrame(pfn)
     }
 
@@ -216,6 +217,7 @@ impl PhysMem {
         assert!(matches!(kind, Kind::Data | Kind::Table | Kind::Index), "freeing a {kind:?} frame");
         page.set_kind(kind, Kind::Owned);
         page.object.store(0, Ordering::Relaxed);
+        page.refs.clear();
         pfn.0
     }
 

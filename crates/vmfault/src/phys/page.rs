@@ -61,6 +61,9 @@ pub(crate) struct Page {
     pub(crate) object: AtomicU64,
     /// `[O]` index of this page in its object.
     pub(crate) pindex: AtomicU64,
+    /// `[a]` the reference count of a `DATA` page: the object's reference
+    /// and wirings (`sync::refcount`, its state table there).
+    pub(crate) refs: crate::sync::refcount::RefCount,
 }
 
 /// The budget of shared/DESIGN.md: at most 64 bytes per frame.
@@ -73,6 +76,7 @@ impl Page {
             ptl: AtomicU32::new(0),
             object: AtomicU64::new(0),
             pindex: AtomicU64::new(0),
+            refs: crate::sync::refcount::RefCount::new(),
         }
     }
 

@@ -57,6 +57,13 @@ impl RefCount {
         self.get() & WIRINGS
     }
 
+    /// The frame is free again (or was never published): forget every
+    /// reference. Only the frame's owner calls this.
+    pub fn clear(&self) {
+        let old = self.0.swap(0, Ordering::Relaxed);
+        debug_assert_eq!(old & WIRINGS, 0, "freeing a wired page ({old:#x})");
+    }
+
     /// The page joins an object. Only its owner calls this, before the
     /// page is published.
     pub fn set_objref(&self) {

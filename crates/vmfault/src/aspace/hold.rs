@@ -1,0 +1,120 @@
+//! Holding a page: FreeBSD's `pmap_extract_and_hold` (Linux's
+//! `get_user_pages`), the user of `RefCount::wire_mapped`.
+//!
+//! An emulator that hands a guest page to a device (DMA, a pinned I/O
+//! buffer) needs the frame to stay allocated whatever the guest does to
+//! its mappings meanwhile. [`AddressSpace::hold`] finds the page through
+//! the PTE and, under the PTE lock, wires it with `wire_mapped`, which
+//! fails while a removal of every mapping of the page is in progress
+//! (`RefCount::try_remove_all`, the BLOCKED bit); then, or when the PTE
+//! does not allow the access, it takes the fault and tries again. A held
+//! page that leaves its object (`munmap`, `MADV_DONTNEED`, the end of the
+//! space) stays allocated until the last [`PageHold`] goes, and is freed
+//! then, after a grace period.
+//!
+//! Not yet: a private page held for writing and then shared by `fork`
+//! stays shared (Linux copies pinned pages at fork,
+//! `page_maybe_dma_pinned`); the parent's next store copies it, so the
+//! hold then writes the child's page.
+
+#![deny(unsafe_code)]
+
+use super::AddressSpace;
+use crate::error::{Error, Op, Result};
+use crate::fault;
+use crate::phys::Pfn;
+use crate::pmap::{Pmap, Pte};
+use crate::types::{Access, PAGE_SIZE};
+use crate::vm::Vm;
+
+/// A page held by [`AddressSpace::hold`]: its frame stays allocated (and
+/// out of reach of reclaim) until this is dropped.
+#[derive(Debug)]
+#[must_use = "the page is released when the hold is dropped"]
+pub struct PageHold {
+    vm: Vm,
+    pfn: Pfn,
+    /// The shared zero page is not wired (it is never freed).
+    wired: bool,
+}
+
+impl AddressSpace {
+    /// Hold the page that backs `addr` for `access`, faulting it in first
+    /// if needed (a write hold breaks copy-on-write, as a store would).
+    /// Errors as the access would fail: `Error::Segv`, `Error::Bus`,
+    /// `ENOMEM`.
+    ///
+    /// ```
+    /// use vmfault::{Vm, VmConfig, Prot, MapFlags, Access};
+    /// let vm = Vm::new(VmConfig { phys_bytes: 16 << 20, ..VmConfig::default() })?;
+    /// let space = vm.new_space()?;
+    /// let a = space.mmap(0, 4096, Prot::READ | Prot::WRITE, MapFlags::PRIVATE | MapFlags::ANONYMOUS)?;
+    /// let hold = space.hold(a, Access::Write)?;
+    /// hold.write(0, b"dma");
+    /// space.munmap(a, 4096)?; // the frame stays allocated: it is held
+    /// let mut buf = [0u8; 3];
+    /// hold.read(0, &mut buf);
+    /// assert_eq!(&buf, b"dma");
+    /// drop(hold); // now it is freed
+    /// # Ok::<(), vmfault::Error>(())
+    /// ```
+    pub fn hold(&self, addr: u64, access: Access) -> Result<PageHold> {
+        let s = &self.s;
+        let page = addr & !(PAGE_SIZE - 1);
+        s.vm.with_ctx(|ctx| {
+            let phys = &ctx.m.phys;
+            loop {
+                let held = {
+                    let _section = ctx.rcu_read();
+                    s.pmap.pte(phys, page).and_then(|leaf| {
+                        let _ptl = Pmap::lock(phys, &leaf).0;
+                        let pte = Pte(leaf.entry.load(std::sync::atomic::Ordering::Relaxed));
+                        if !pte.allows(access) {
+                            return None;
+                        }
+                        let pfn = pte.pfn();
+                        if pfn == phys.zero_pfn() {
+                            return Some((pfn, false));
+                        }
+                        phys.page(pfn).refs.wire_mapped().then_some((pfn, true))
+                    })
+                };
+                if let Some((pfn, wired)) = held {
+                    return Ok(PageHold { vm: s.vm.clone(), pfn, wired });
+                }
+                fault::handle(ctx, s, Op::Touch, page, access, |_| {})?;
+            }
+        })
+    }
+}
+
+impl PageHold {
+    /// Copy bytes out of the held page, from byte `offset`.
+    ///
+    /// # Panics
+    /// If `offset + buf.len()` exceeds the page.
+    pub fn read(&self, offset: usize, buf: &mut [u8]) {
+        self.vm.m.phys.read_bytes(self.pfn, offset, buf);
+    }
+
+    /// Copy bytes into the held page, from byte `offset` (a hold taken
+    /// for reading may share its page: write only through a write hold).
+    ///
+    /// # Panics
+    /// If `offset + data.len()` exceeds the page, or on the shared zero page.
+    pub fn write(&self, offset: usize, data: &[u8]) {
+        assert!(self.wired, "{}", Error::inval(Op::Write, "writing the shared zero page through a read hold", 0));
+        self.vm.m.phys.write_bytes(self.pfn, offset, data);
+    }
+}
+
+impl Drop for PageHold {
+    fn drop(&mut self) {
+        let m = &self.vm.m;
+        if self.wired && m.phys.page(self.pfn).refs.unwire() {
+            // The page left its object while held: it was unmapped
+            // everywhere before, but wait out walkers that read a PTE then.
+            m.phys.free_after_grace(&m.rcu, &[self.pfn]);
+        }
+    }
+}
