@@ -769,3 +769,23 @@ fn stores_racing_msync_are_not_lost() {
         drop(s);
     });
 }
+
+/// Write-back writes through a handle of its own: a file first mapped
+/// through a read-only handle (a binary's text) and then shared writable
+/// through a read-write one still gets its stores.
+#[test]
+fn write_back_does_not_use_the_first_mappers_handle() {
+    let data = pattern(2 * PU, 9);
+    let f = TempFile::new(&data);
+    each_config(4 << 20, |vm, what| {
+        let s = vm.new_space().unwrap();
+        let text = s.mmap_file(0, 2 * P, Prot::READ, PRIV, &f.ro(), 0).unwrap();
+        let rw = f.rw();
+        let a = s.mmap_file(0, 2 * P, RW, SH, &rw, 0).unwrap();
+        s.write(a + P, b"through a writer").unwrap();
+        s.msync(a, 2 * P).unwrap();
+        assert_eq!(&f.contents()[PU..PU + 16], b"through a writer", "{what}");
+        s.munmap(text, 2 * P).unwrap();
+        s.munmap(a, 2 * P).unwrap();
+    });
+}

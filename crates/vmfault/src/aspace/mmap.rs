@@ -128,6 +128,9 @@ impl Space {
                 let writable = file_access(f, op, shared && prot.contains(Prot::WRITE))?;
                 no_write = shared && !writable;
                 let o = Object::for_file(ctx, &self.vm.m, f)?;
+                if shared && writable {
+                    o.ensure_writer(f)?;
+                }
                 Some(match shared {
                     true => o,
                     false => Object::new_shadow(ctx, &self.vm.m, &o, false)

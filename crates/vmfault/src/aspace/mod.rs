@@ -178,6 +178,9 @@ impl MapWrite<'_> {
 impl Drop for MapWrite<'_> {
     fn drop(&mut self) {
         let s = self.space;
+        // Every PTE this operation cleared or narrowed is done, every new
+        // VMA linked: the old records can go.
+        self.guard.flush_unlinks();
         if self.changed && s.lockless {
             let old = s.snapshot.replace(&s.vm.m.rcu, self.guard.snapshot());
             s.retired.lock().unwrap_or_else(|p| p.into_inner()).push(old);

@@ -43,6 +43,10 @@ fn for_each_pte(m: &Machine, o: &Arc<Object>, pages: &[(u64, Pfn)], mut f: impl 
     for &(pindex, pfn) in pages {
         for (space, addr) in candidates(m, o, pindex, pfn) {
             let id = space.id();
+            // The space's map lock keeps its page tables from being pruned
+            // and freed under the walk (no RCU section here: callers may
+            // have no vCPU). Callers hold no map lock.
+            let _map = space.map.read().unwrap_or_else(|p| p.into_inner());
             changed += space.pmap.update_range(phys, addr, addr + PAGE_SIZE, |a, old| {
                 if old.pfn() == pfn { f(id, a, old) } else { old }
             });
@@ -52,12 +56,14 @@ fn for_each_pte(m: &Machine, o: &Arc<Object>, pages: &[(u64, Pfn)], mut f: impl 
 }
 
 /// Make every PTE that maps one of `pages` read-only, then wait for a grace
-/// period if any was writable: no store through one is in flight
-/// afterwards. Returns the PTEs narrowed. Needs no vCPU context (a space
-/// being dropped calls it).
+/// period: no store through one is in flight afterwards. The wait is
+/// needed even when no PTE was writable here: a PTE that `munmap`,
+/// `mprotect` or `MADV_DONTNEED` cleared or narrowed a moment ago may still
+/// have a store in flight. Returns the PTEs narrowed. Needs no vCPU context
+/// (a space being dropped calls it); the caller holds no map lock.
 pub(super) fn write_protect_everywhere(m: &Machine, o: &Arc<Object>, pages: &[(u64, Pfn)]) -> u64 {
     let narrowed = for_each_pte(m, o, pages, |_, _, old| old.restricted(Prot::READ | Prot::EXEC));
-    if narrowed > 0 {
+    if !pages.is_empty() {
         m.rcu.synchronize();
     }
     narrowed

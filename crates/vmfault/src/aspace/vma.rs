@@ -149,6 +149,11 @@ pub(crate) struct VmaTree {
     /// `[I]` the space, when VMAs are to be recorded on their objects'
     /// reverse maps (`Rmap::Backing`, see `object::rmap`).
     owner: Option<Owner>,
+    /// Records of VMAs taken out, forgotten only by [`VmaTree::flush_unlinks`]
+    /// (from `MapWrite::drop`): until the operation has cleared or narrowed
+    /// their PTEs and linked the replacements, a reverse-map walk must
+    /// still find them (duplicates are harmless: walks check each PTE).
+    pending: Vec<(Arc<Object>, crate::object::BackingKey)>,
 }
 
 /// The space a [`VmaTree`] records its mappings for.
@@ -176,7 +181,7 @@ impl Owner {
 impl VmaTree {
     /// An empty index whose VMAs are recorded on their objects' reverse maps.
     pub(crate) fn recorded(owner: Option<Owner>) -> VmaTree {
-        VmaTree { by_end: PTree::default(), owner }
+        VmaTree { by_end: PTree::default(), owner, pending: Vec::new() }
     }
 
     /// The space this index records its mappings for, if it does.
@@ -196,9 +201,16 @@ impl VmaTree {
     fn take(&mut self, end: u64) -> Option<Arc<Vma>> {
         let v = self.by_end.remove(end)?;
         if let (Some(w), Some(o)) = (&self.owner, v.object.get()) {
-            o.unlink(w.key(&v));
+            self.pending.push((o.clone(), w.key(&v)));
         }
         Some(v)
+    }
+
+    /// Forget the records of the VMAs taken out so far (see `pending`).
+    pub(crate) fn flush_unlinks(&mut self) {
+        for (o, key) in self.pending.drain(..) {
+            o.unlink(key);
+        }
     }
 
     /// Number of VMAs.
@@ -347,6 +359,7 @@ impl VmaTree {
 
     /// Remove and return every VMA.
     pub(crate) fn take_all(&mut self) -> Vec<Arc<Vma>> {
+        self.flush_unlinks();
         let all = self.by_end.take_all();
         if let Some(w) = &self.owner {
             for v in &all {

@@ -50,6 +50,11 @@ pub(crate) struct FileData {
     file: File,
     /// `[I]` (device, inode): the registry key.
     key: (u64, u64),
+    /// The handle write-back writes through, opened by the first shared
+    /// mapping of a handle open for writing: a fresh read-write open of
+    /// the file (never `O_APPEND`, whose `pwrite` ignores the offset), not
+    /// the handle of whoever mapped the file first, which may be read-only.
+    writer: Mutex<Option<File>>,
 }
 
 /// The registry of file objects of a machine.
@@ -118,7 +123,7 @@ impl Object {
             }
         }
         let own = file.try_clone().map_err(|e| host("dup", &e))?;
-        let o = Self::with_backing(ctx, m, None, false, Some(FileData { file: own, key }))
+        let o = Self::with_backing(ctx, m, None, false, Some(FileData { file: own, key, writer: Mutex::new(None) }))
             .map_err(|_| Error::NoMemory { op: Op::Mmap, what: "a file object's page index" })?;
         map.insert(key, Arc::downgrade(&o));
         drop(map);
@@ -181,6 +186,20 @@ impl Object {
                 Err(nomem("an object's page-index node"))
             }
         }
+    }
+
+    /// Make sure write-back has a handle to write through; `file` (the
+    /// caller's) is open for writing and about to be mapped shared.
+    pub(crate) fn ensure_writer(&self, file: &File) -> Result<()> {
+        use std::os::fd::AsRawFd;
+        let fd = self.file.as_ref().expect("a file object");
+        let mut w = fd.writer.lock().unwrap_or_else(|p| p.into_inner());
+        if w.is_none() {
+            let path = format!("/proc/self/fd/{}", file.as_raw_fd());
+            let f = std::fs::OpenOptions::new().read(true).write(true).open(path).map_err(|e| host("open", &e))?;
+            *w = Some(f);
+        }
+        Ok(())
     }
 
     /// A shared mapping may write page `pindex` from now on.
@@ -253,7 +272,11 @@ impl Object {
                 self.m.phys.read_bytes(pfn, 0, &mut buf[at..]);
             }
             let len = (size - offset).min(buf.len() as u64) as usize;
-            if let Err(e) = fd.file.write_all_at(&buf[..len], offset) {
+            let written = match &*fd.writer.lock().unwrap_or_else(|p| p.into_inner()) {
+                Some(w) => w.write_all_at(&buf[..len], offset),
+                None => Err(std::io::Error::from_raw_os_error(libc::EBADF)),
+            };
+            if let Err(e) = written {
                 self.redirty(&pages[n..]);
                 return Err(host("pwrite", &e));
             }
