@@ -20,7 +20,7 @@ use crate::error::{Error, Op, Result};
 use crate::object::Object;
 use crate::stats::Counter;
 use crate::types::{MapFlags, Prot, TASK_SIZE, is_page_aligned, page_align_up};
-use crate::vm::Ctx;
+use crate::vm::{Ctx, Machine};
 
 impl AddressSpace {
     /// Map `len` bytes of `file` from byte `offset` (page-aligned); returns
@@ -122,42 +122,50 @@ impl Space {
     /// succeeded): it is logged and the pages stay dirty, to be written
     /// when the object goes.
     pub(super) fn write_back_removed(&self, ctx: &Ctx<'_>, removed: &[Arc<Vma>]) {
-        for v in removed {
-            if let Some((o, s, e)) = file_range(v, v.start, v.end)
-                && let Err(err) = self.write_back(ctx, &o, s, e)
-            {
-                tracing::warn!(target: "vmfault::file", error = %err, "write-back after munmap failed");
-            }
-        }
+        write_back_vmas(ctx.m, Some(ctx), removed);
     }
 
     /// Write back the dirty pages `start..end` of file object `o`.
     fn write_back(&self, ctx: &Ctx<'_>, o: &Arc<Object>, start: u64, end: u64) -> Result<()> {
-        let n = o.write_back(start, end, |pages| {
-            ctx.count_n(Counter::rmap_walks, pages.len() as u64);
-            if super::rmap::write_protect_everywhere(ctx.m, o, pages) > 0 {
-                ctx.count(Counter::tlb_shootdowns);
-            }
-        })?;
-        ctx.count_n(Counter::file_writebacks, n);
-        Ok(())
+        write_back(ctx.m, Some(ctx), o, start, end)
     }
 }
 
 /// The end of a space: write back what its shared file mappings left dirty
 /// (the file's object may stay cached after its last mapping, see
-/// `object/file.rs`). No vCPU context: any thread may drop the last handle.
-/// Errors are logged; the pages stay dirty.
-pub(super) fn write_back_at_exit(m: &crate::vm::Machine, vmas: &[Arc<Vma>]) {
+/// `object/file.rs`). No vCPU context: any thread may drop the last handle
+/// (so nothing is counted). Errors are logged; the pages stay dirty.
+pub(super) fn write_back_at_exit(m: &Machine, vmas: &[Arc<Vma>]) {
+    write_back_vmas(m, None, vmas);
+}
+
+/// Write back the dirty pages of the shared file mappings among `vmas`,
+/// logging errors.
+fn write_back_vmas(m: &Machine, ctx: Option<&Ctx<'_>>, vmas: &[Arc<Vma>]) {
     for v in vmas {
         if let Some((o, s, e)) = file_range(v, v.start, v.end)
-            && let Err(err) = o.write_back(s, e, |pages| {
-                super::rmap::write_protect_everywhere(m, &o, pages);
-            })
+            && let Err(err) = write_back(m, ctx, &o, s, e)
         {
-            tracing::warn!(target: "vmfault::file", error = %err, "write-back at the end of a space failed");
+            tracing::warn!(target: "vmfault::file", error = %err, "write-back of an unmapped range failed");
         }
     }
+}
+
+/// Write back the dirty pages `start..end` of file object `o`, counting
+/// on `ctx`'s vCPU if there is one.
+fn write_back(m: &Machine, ctx: Option<&Ctx<'_>>, o: &Arc<Object>, start: u64, end: u64) -> Result<()> {
+    let n = o.write_back(start, end, |pages| {
+        // It always waits for a grace period: a shootdown.
+        super::rmap::write_protect_everywhere(m, o, pages);
+        if let Some(ctx) = ctx {
+            ctx.count_n(Counter::rmap_walks, pages.len() as u64);
+            ctx.count(Counter::tlb_shootdowns);
+        }
+    })?;
+    if let Some(ctx) = ctx {
+        ctx.count_n(Counter::file_writebacks, n);
+    }
+    Ok(())
 }
 
 /// The object and page range of `v` within `start..end`, if `v` is a
