@@ -83,6 +83,40 @@ impl Rmap {
     }
 }
 
+/// How a page's references (wirings, the object's reference) are counted.
+///
+/// - `Atomic`: one atomic word per page (FreeBSD's `ref_count` since
+///   r353535 and the seed): wiring and unwiring are one atomic operation.
+/// - `PageLock`: as before the seed's change, wiring and unwiring (and the
+///   page-queue updates they imply) also take the page's lock, one of 256
+///   locks hashed by the 2 MiB region the frame lies in (FreeBSD's
+///   `PA_LOCKPTR`): pages that are physically close share a lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum Refcount {
+    /// An atomic reference count (the default).
+    Atomic,
+    /// The hashed page-lock baseline.
+    PageLock,
+}
+
+impl Refcount {
+    /// The knob value: `atomic` or `pagelock`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Refcount::Atomic => "atomic",
+            Refcount::PageLock => "pagelock",
+        }
+    }
+
+    fn parse(v: &str) -> std::result::Result<Refcount, &'static str> {
+        match v.trim() {
+            "atomic" => Ok(Refcount::Atomic),
+            "pagelock" | "page_lock" => Ok(Refcount::PageLock),
+            _ => Err("expected atomic or pagelock"),
+        }
+    }
+}
+
 /// The configuration of a [`Vm`](crate::Vm).
 ///
 /// ```
@@ -124,6 +158,8 @@ pub struct VmConfig {
     pub fault_path: FaultPath,
     /// How mappings of a page are found (see [`Rmap`]). Default `Backing`.
     pub rmap: Rmap,
+    /// How page references are counted (see [`Refcount`]). Default `Atomic`.
+    pub refcount: Refcount,
 }
 
 impl Default for VmConfig {
@@ -139,6 +175,7 @@ impl Default for VmConfig {
             pcpu_drain_hz: 0,
             fault_path: FaultPath::Speculative,
             rmap: Rmap::Backing,
+            refcount: Refcount::Atomic,
         }
     }
 }
@@ -170,6 +207,7 @@ impl VmConfig {
             "pcpu_drain" => self.pcpu_drain = parse_usize(value)?,
             "fault_path" => self.fault_path = FaultPath::parse(value)?,
             "rmap" => self.rmap = Rmap::parse(value)?,
+            "refcount" => self.refcount = Refcount::parse(value)?,
             "pcpu_drain_hz" => {
                 self.pcpu_drain_hz = u32::try_from(parse_num(value)?).map_err(|_| "too large for a u32")?
             }
@@ -191,6 +229,7 @@ impl VmConfig {
             ("pcpu_drain_hz", self.pcpu_drain_hz.to_string()),
             ("fault_path", self.fault_path.name().to_string()),
             ("rmap", self.rmap.name().to_string()),
+            ("refcount", self.refcount.name().to_string()),
         ]
     }
 

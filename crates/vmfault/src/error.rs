@@ -30,6 +30,10 @@ pub enum Op {
     Fork,
     /// [`AddressSpace::msync`](crate::AddressSpace::msync).
     Msync,
+    /// [`AddressSpace::mlock`](crate::AddressSpace::mlock).
+    Mlock,
+    /// [`AddressSpace::munlock`](crate::AddressSpace::munlock).
+    Munlock,
     /// [`Vm::new`](crate::Vm::new).
     NewVm,
     /// [`Vm::new_space`](crate::Vm::new_space).
@@ -46,6 +50,8 @@ impl fmt::Display for Op {
             Op::Mprotect => "mprotect",
             Op::Fork => "fork",
             Op::Msync => "msync",
+            Op::Mlock => "mlock",
+            Op::Munlock => "munlock",
             Op::Madvise => "madvise",
             Op::Read => "read",
             Op::Write => "write",
@@ -179,6 +185,28 @@ pub enum Error {
         /// What the file is.
         what: &'static str,
     },
+    /// A page of a range to populate could not be faulted in (`ENOMEM`, as
+    /// Linux's `mlock` reports a `PROT_NONE` mapping or a file page beyond
+    /// the end of the file): the mappings stay locked, the pages before
+    /// `addr` are resident.
+    #[error("{op}: cannot fault in the page at {addr:#x}: {cause}")]
+    Unpopulated {
+        /// The operation.
+        op: Op,
+        /// The page that could not be faulted in.
+        addr: u64,
+        /// Why.
+        cause: &'static str,
+    },
+    /// Out of physical frames while populating a range (`EAGAIN`, as Linux's
+    /// `mlock` reports it): the mappings stay locked, partly populated.
+    #[error("{op}: out of physical memory while faulting in {addr:#x}; try again")]
+    TryAgain {
+        /// The operation.
+        op: Op,
+        /// The page that could not be faulted in.
+        addr: u64,
+    },
     /// Not allowed (`EPERM`), e.g. a fixed mapping below `mmap_min_addr`.
     #[error("{op}: not permitted: {reason} ({value:#x})")]
     Permission {
@@ -259,7 +287,9 @@ impl Error {
             Error::NoMemory { .. }
             | Error::NotMapped { .. }
             | Error::NoAddressSpace { .. }
-            | Error::TooManyMappings { .. } => libc::ENOMEM,
+            | Error::TooManyMappings { .. }
+            | Error::Unpopulated { .. } => libc::ENOMEM,
+            Error::TryAgain { .. } => libc::EAGAIN,
             Error::Exists { .. } => libc::EEXIST,
             Error::Permission { .. } => libc::EPERM,
             Error::Access { .. } => libc::EACCES,

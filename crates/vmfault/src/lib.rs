@@ -50,6 +50,8 @@
 //!         └── page busy               (reserved: I/O on a page)
 //!             └── PTE lock [P]        (one word per page-table page; speculative
 //!                 │                    faults only try-lock it, holding nothing else)
+//!                 ├── page lock           (refcount=pagelock only: one of 256 hashed words,
+//!                 │                        held around a wiring change, nothing inside)
 //!                 └── free-list lock [F]
 //! ```
 //!
@@ -105,7 +107,7 @@ pub mod types;
 mod vm;
 
 pub use aspace::{AddressSpace, MAX_MAP_COUNT, PageHold};
-pub use config::{FaultPath, Rmap, VmConfig};
+pub use config::{FaultPath, Refcount, Rmap, VmConfig};
 pub use error::{Error, Op, Result, SegvCode};
 pub use stats::{Counter, CpuStats, Stats};
 pub use types::{Access, Advice, MMAP_MIN_ADDR, MapFlags, MappingInfo, PAGE_SIZE, Prot, TASK_SIZE};

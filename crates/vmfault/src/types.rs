@@ -131,6 +131,8 @@ pub struct MappingInfo {
     pub prot: Prot,
     /// `MAP_SHARED` (the `s` in `rw-s`).
     pub shared: bool,
+    /// `mlock`ed (`VM_LOCKED`, the `lo` of `VmFlags` in `/proc/self/smaps`).
+    pub locked: bool,
 }
 
 impl std::fmt::Display for MappingInfo {
@@ -185,7 +187,8 @@ mod tests {
 
     #[test]
     fn mapping_line_looks_like_proc_maps() {
-        let m = MappingInfo { start: 0x1000, end: 0x3000, prot: Prot::READ | Prot::WRITE, shared: false };
+        let m =
+            MappingInfo { start: 0x1000, end: 0x3000, prot: Prot::READ | Prot::WRITE, shared: false, locked: false };
         assert_eq!(m.to_string(), "1000-3000 rw-p");
     }
 

@@ -53,6 +53,22 @@ pub(crate) struct Machine {
     /// The live address spaces by id, for pv entries and statistics
     /// (a lock taken when a space is made or dropped, and by readers of both).
     pub(crate) spaces: std::sync::Mutex<std::collections::HashMap<u64, std::sync::Weak<crate::aspace::Space>>>,
+    /// Pages whose last reference was a wiring dropped under a PTE lock
+    /// (they had left their object while wired): unmapped, waiting for an
+    /// operation's grace period to be freed (a lock of its own, innermost).
+    pub(crate) orphans: std::sync::Mutex<Vec<crate::phys::Pfn>>,
+}
+
+impl Machine {
+    /// Queue an unmapped page that nothing references for freeing.
+    pub(crate) fn orphan(&self, pfn: crate::phys::Pfn) {
+        self.orphans.lock().unwrap_or_else(|p| p.into_inner()).push(pfn);
+    }
+
+    /// Take the queued orphans (the caller frees them after a grace period).
+    pub(crate) fn take_orphans(&self) -> Vec<crate::phys::Pfn> {
+        std::mem::take(&mut *self.orphans.lock().unwrap_or_else(|p| p.into_inner()))
+    }
 }
 
 impl std::fmt::Debug for CpuSet<PerCpu, PerCpuOwned> {
@@ -170,7 +186,13 @@ impl Vm {
         config.validate()?;
         let frames = (config.phys_bytes / PAGE_SIZE) as u32;
         let (rcu, readers) = Rcu::new(config.cpus + 1);
-        let phys = PhysMem::new(frames, config.prefault, &rcu, config.pcp())?;
+        let phys = PhysMem::new(
+            frames,
+            config.prefault,
+            &rcu,
+            config.pcp(),
+            config.refcount == crate::config::Refcount::PageLock,
+        )?;
         let mut readers = readers.into_iter();
         let cpus = CpuSet::new(config.cpus, |_| {
             let reader = readers.next().expect("one reader per slot");
@@ -189,6 +211,7 @@ impl Vm {
             rmap: Default::default(),
             pv,
             spaces: Default::default(),
+            orphans: Default::default(),
         });
         if m.config.pcpu_drain_hz > 0 {
             spawn_drainer(&m)?;
@@ -275,7 +298,12 @@ impl Vm {
             match phys.page(crate::phys::Pfn(i)).kind() {
                 Kind::Table => s.page_table_pages += 1,
                 Kind::Index => s.index_pages += 1,
-                Kind::Data => s.data_pages += 1,
+                Kind::Data => {
+                    s.data_pages += 1;
+                    if phys.page(crate::phys::Pfn(i)).refs.wirings() > 0 {
+                        s.wired_pages += 1;
+                    }
+                }
                 _ => {}
             }
         }

@@ -28,7 +28,7 @@
 
 use std::sync::Arc;
 
-use super::vma::Vma;
+use super::vma::{Vma, VmaFlags};
 use super::{AddressSpace, Space};
 use crate::error::{Error, Op, Result};
 use crate::object::{Absorbed, Object};
@@ -112,7 +112,15 @@ impl Space {
                     }
                     other => other.cloned(),
                 };
-                child_vmas.push(Arc::new(Vma::new(v.start, v.end, v.prot, v.flags, v.pgoff, object)));
+                // Linux's dup_mmap: the child does not inherit VM_LOCKED.
+                child_vmas.push(Arc::new(Vma::new(
+                    v.start,
+                    v.end,
+                    v.prot,
+                    v.flags - VmaFlags::LOCKED,
+                    v.pgoff,
+                    object,
+                )));
             }
             // The parent's private VMAs move onto their new front objects;
             // the old ones are retired and their read-lockers waited for
@@ -141,7 +149,7 @@ impl Space {
             for v in &replaced {
                 if v.prot.contains(Prot::WRITE) {
                     narrowed += self.pmap.protect(&m.phys, v.start, v.end, v.prot - Prot::WRITE, |a, pte| {
-                        super::pv_unmapped(m, self.id(), a, pte)
+                        super::pte_cleared(m, self.id(), a, pte)
                     });
                 }
             }

@@ -76,7 +76,7 @@ impl AddressSpace {
                         if pfn == phys.zero_pfn() {
                             return Some((pfn, false));
                         }
-                        phys.page(pfn).refs.wire_mapped().then_some((pfn, true))
+                        phys.wire_mapped(pfn, Some(&ctx.cpu.counters)).then_some((pfn, true))
                     })
                 };
                 if let Some((pfn, wired)) = held {
@@ -111,7 +111,7 @@ impl PageHold {
 impl Drop for PageHold {
     fn drop(&mut self) {
         let m = &self.vm.m;
-        if self.wired && m.phys.page(self.pfn).refs.unwire() {
+        if self.wired && m.phys.unwire(self.pfn, None) {
             // The page left its object while held: it was unmapped
             // everywhere before, but wait out walkers that read a PTE then.
             m.phys.free_after_grace(&m.rcu, &[self.pfn]);

@@ -28,7 +28,9 @@ impl AddressSpace {
     /// and `Free` change nothing without swap or memory pressure.
     ///
     /// Errors: unaligned `addr`, a range that wraps, `Free` on shared memory
-    /// (`EINVAL`); holes in the range (`ENOMEM`, after advising the rest).
+    /// (`EINVAL`); `DontNeed` or `Free` on an `mlock`ed mapping (`EINVAL`, once
+    /// the mappings before it are advised); holes in the range (`ENOMEM`,
+    /// after advising the rest).
     pub fn madvise(&self, addr: u64, len: u64, advice: Advice) -> Result<()> {
         self.s.vm.with_ctx(|ctx| {
             ctx.count(Counter::madvise_calls);
@@ -58,6 +60,9 @@ impl Space {
             Advice::WillNeed | Advice::Free => {
                 let map = self.map_read(ctx);
                 walk(op, &map, addr, end, |v, _, _| {
+                    if advice == Advice::Free && v.flags.contains(VmaFlags::LOCKED) {
+                        return Err(Error::inval(op, "MADV_FREE on an mlocked mapping", v.start));
+                    }
                     if advice == Advice::Free && v.is_shared() {
                         return Err(Error::inval(op, "MADV_FREE applies to private anonymous memory only", v.start));
                     }
@@ -110,7 +115,11 @@ impl Space {
             self.reserve_holes_locked(ctx, &map, Op::Madvise, start, end)?;
             let renewed = map.renew(start, end);
             let r = walk(Op::Madvise, &map, start, end, |v, s, e| {
-                let n = self.pmap.zap(phys, s, e, |a, pte| super::pv_unmapped(ctx.m, id, a, pte));
+                // Linux's can_madv_lru_vma: mlocked pages stay.
+                if v.flags.contains(VmaFlags::LOCKED) {
+                    return Err(Error::inval(Op::Madvise, "MADV_DONTNEED on an mlocked mapping", s));
+                }
+                let n = self.pmap.zap(phys, s, e, |a, pte| super::pte_cleared(ctx.m, id, a, pte));
                 ctx.count_n(Counter::pages_unmapped, n);
                 ptes += n;
                 if !v.is_shared()

@@ -30,6 +30,7 @@ mod fork;
 mod hold;
 mod layout;
 mod madvise;
+mod mlock;
 mod mmap;
 mod mprotect;
 mod munmap;
@@ -49,7 +50,7 @@ use crate::sync::rcu::{RcuBox, RcuReadGuard, Retired};
 use crate::types::MappingInfo;
 use crate::vm::{Ctx, Vm};
 pub use hold::PageHold;
-use vma::{Snapshot, Vma, VmaTree};
+use vma::{Snapshot, Vma, VmaFlags, VmaTree};
 
 /// Retired snapshots that make an operation wait for a grace period.
 const SNAPSHOT_BACKLOG: usize = 32;
@@ -272,6 +273,8 @@ impl Space {
     /// with `objects_gone` (it removed VMAs that held objects, which the old
     /// snapshots keep alive), or too many pending, wait for one first.
     pub(crate) fn finish(&self, ctx: &Ctx<'_>, ptes: u64, frames: &[Pfn], objects_gone: bool) {
+        let orphans = ctx.m.take_orphans();
+        let frames = if orphans.is_empty() { frames } else { &[frames, &orphans[..]].concat() };
         if ptes > 0 || !frames.is_empty() {
             ctx.count(Counter::tlb_shootdowns);
             if frames.is_empty() {
@@ -311,10 +314,16 @@ impl Space {
 }
 
 /// A PTE of space `id` at `addr` that mapped `old` was cleared: drop its
-/// pv entry (`rmap=pv`). Called under the PTE lock, from zap callbacks.
-pub(crate) fn pv_unmapped(m: &crate::vm::Machine, id: u64, addr: u64, old: crate::pmap::Pte) {
+/// pv entry (`rmap=pv`) and the wiring it held (an `mlock`ed mapping).
+/// Called under the PTE lock, from zap callbacks. A page whose last
+/// reference that was (it left its object while wired) goes on the
+/// machine's orphan list, freed by the operation's `finish`.
+pub(crate) fn pte_cleared(m: &crate::vm::Machine, id: u64, addr: u64, old: crate::pmap::Pte) {
     if m.config.rmap == crate::config::Rmap::PvEntry && old.pfn() != m.phys.zero_pfn() {
         m.pv.remove(old.pfn(), crate::object::Pv { space: id, addr });
+    }
+    if old.is_wired() && m.phys.unwire(old.pfn(), None) {
+        m.orphan(old.pfn());
     }
 }
 
@@ -324,16 +333,18 @@ impl Drop for Space {
         // VMAs (their objects free their pages) and the page table.
         let id = self.id();
         self.vm.m.spaces.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
-        if self.vm.m.config.rmap == crate::config::Rmap::PvEntry {
-            let m = &self.vm.m;
-            self.pmap.zap(&m.phys, 0, crate::types::TASK_SIZE, |addr, pte| pv_unmapped(m, id, addr, pte));
+        let locked =
+            self.map.get_mut().unwrap_or_else(|p| p.into_inner()).iter().any(|v| v.flags.contains(VmaFlags::LOCKED));
+        let m = &self.vm.m;
+        if m.config.rmap == crate::config::Rmap::PvEntry || locked {
+            self.pmap.zap(&m.phys, 0, crate::types::TASK_SIZE, |addr, pte| pte_cleared(m, id, addr, pte));
         }
         let vmas = self.map.get_mut().unwrap_or_else(|p| p.into_inner()).take_all();
         file::write_back_at_exit(&self.vm.m, &vmas);
         drop(vmas);
         let mut retired = std::mem::take(self.retired.get_mut().unwrap_or_else(|p| p.into_inner()));
         drop(self.vm.m.rcu.reclaim(&mut retired, true));
-        let mut frames = Vec::new();
+        let mut frames = self.vm.m.take_orphans();
         let phys = &self.vm.m.phys;
         self.pmap.teardown(phys, &mut frames);
         phys.free_after_grace(&self.vm.m.rcu, &frames);

@@ -80,15 +80,31 @@ impl Space {
             return Err(Error::inval(op, "unknown PROT_* bits", u64::from(prot.bits())));
         }
         let mut changes = Changes::default();
+        let mut populate = Vec::new();
         let result = {
             let mut map = self.map_write(ctx);
-            let f = |v: &Vma| (prot, accounted_flags(v, prot));
+            let f = |v: &Vma| {
+                if v.flags.contains(VmaFlags::LOCKED)
+                    && !v.is_shared()
+                    && !v.prot.contains(Prot::WRITE)
+                    && prot.contains(Prot::WRITE)
+                {
+                    populate.push((v.start.max(addr), v.end.min(end)));
+                }
+                (prot, accounted_flags(v, prot))
+            };
             self.modify_range_locked(ctx, &mut map, op, addr..end, f, &mut changes)
         };
         // Like Linux's TLB flush: no store through a PTE that was writable
         // is still in flight once mprotect returns.
         self.finish(ctx, changes.narrowed, &[], false);
         drop(changes);
+        // Linux's mprotect_fixup: locked private memory that becomes
+        // writable is faulted in for writing now (copy-on-write broken, the
+        // new pages wired); failures are not reported.
+        for (s, e) in populate {
+            let _ = self.populate_locked_vmas(ctx, s, e);
+        }
         result
     }
 
@@ -115,6 +131,9 @@ impl Space {
         let Range { start, end } = range;
         let mut pos = start;
         let mut result = Ok(());
+        // Only changed VMAs merge with their neighbours (Linux's
+        // `vma_modify`): an unchanged one keeps a boundary `fork` left.
+        let mut changed = Vec::new();
         loop {
             let vma = match map.find(pos) {
                 Some(v) => v.clone(),
@@ -138,13 +157,14 @@ impl Space {
                 if prot != vma.prot {
                     let changed = self
                         .pmap
-                        .protect(&ctx.m.phys, pos, stop, prot, |a, pte| super::pv_unmapped(ctx.m, self.id(), a, pte));
+                        .protect(&ctx.m.phys, pos, stop, prot, |a, pte| super::pte_cleared(ctx.m, self.id(), a, pte));
                     if prot.is_empty() {
                         ctx.count_n(Counter::pages_unmapped, changed);
                     }
                     changes.narrowed += changed;
                 }
                 changes.retired.extend(old);
+                changed.push((pos, stop));
             }
             changes.retired.push(vma);
             pos = stop;
@@ -152,8 +172,8 @@ impl Space {
                 break;
             }
         }
-        if pos > start {
-            changes.retired.extend(map.merge_range(start, pos));
+        for (s, e) in changed {
+            changes.retired.extend(map.merge_range(s, e));
         }
         result
     }

@@ -111,7 +111,7 @@ impl Space {
         let id = self.id();
         let mut ptes = 0;
         for v in carved {
-            let n = self.pmap.zap(phys, v.start, v.end, |a, pte| super::pv_unmapped(ctx.m, id, a, pte));
+            let n = self.pmap.zap(phys, v.start, v.end, |a, pte| super::pte_cleared(ctx.m, id, a, pte));
             ctx.count_n(Counter::pages_unmapped, n);
             ptes += n;
             // A private object's pages in this range are reachable from this

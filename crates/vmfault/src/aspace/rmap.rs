@@ -107,7 +107,7 @@ impl AddressSpace {
             let Some((o, pindex, pfn)) = found else { return Ok(0) };
             ctx.count(Counter::rmap_walks);
             let cleared = for_each_pte(ctx.m, &o, &[(pindex, pfn)], |id, a, old| {
-                super::pv_unmapped(ctx.m, id, a, old);
+                super::pte_cleared(ctx.m, id, a, old);
                 Pte::NONE
             });
             ctx.count_n(Counter::pages_unmapped, cleared);

@@ -50,6 +50,9 @@ bitflags! {
         /// Linux's `VM_MAYWRITE` cleared: a shared mapping of a file that is
         /// not open for writing (`mprotect(PROT_WRITE)` is `EACCES`).
         const NO_WRITE = 1 << 6;
+        /// `VM_LOCKED`: `mlock`ed. Its pages are faulted in and wired, each
+        /// through a PTE marked wired; faults in it wire what they map.
+        const LOCKED = 1 << 7;
     }
 }
 
@@ -138,7 +141,13 @@ impl Vma {
 
     /// The `/proc/self/maps` view.
     pub(crate) fn info(&self) -> MappingInfo {
-        MappingInfo { start: self.start, end: self.end, prot: self.prot, shared: self.is_shared() }
+        MappingInfo {
+            start: self.start,
+            end: self.end,
+            prot: self.prot,
+            shared: self.is_shared(),
+            locked: self.flags.contains(VmaFlags::LOCKED),
+        }
     }
 }
 

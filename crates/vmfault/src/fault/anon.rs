@@ -27,7 +27,7 @@ use std::sync::atomic::Ordering;
 
 use super::{Fault, Resolved};
 use crate::aspace::Space;
-use crate::aspace::vma::{Vma, VmaTree};
+use crate::aspace::vma::{Vma, VmaFlags, VmaTree};
 use crate::config::Rmap;
 use crate::error::{Error, Result};
 use crate::object::{Found, Insert, Object, Pv};
@@ -247,11 +247,27 @@ pub(super) fn commit_locked(
     // A shared file page is mapped writable only by a write fault, which
     // marks it dirty: the first store after a write-back must fault.
     let file = c.object.is_some_and(|o| o.is_file());
-    let pte = if pfn == phys.zero_pfn() || Some(pfn) == c.below || (file && !write) {
+    let mut pte = if pfn == phys.zero_pfn() || Some(pfn) == c.below || (file && !write) {
         Pte::new(pfn, false, exec, false)
     } else {
         Pte::new(pfn, vma.prot.contains(Prot::WRITE), exec, write)
     };
+    // Wirings of a locked VMA (`aspace/mlock.rs`): the PTE keeps the one it
+    // holds if its page stays, gives it back if the page changes
+    // (copy-on-write), and a new PTE of a locked VMA wires its page. Only
+    // a page that was already in an object can be BLOCKED by a removal of
+    // every mapping; then nothing has changed yet and the fault retries.
+    let keeps = cur.is_wired() && cur.pfn() == pfn;
+    if keeps || (vma.flags.contains(VmaFlags::LOCKED) && pfn != phys.zero_pfn()) {
+        if !keeps && !phys.wire_mapped(pfn, Some(&ctx.cpu.counters)) {
+            debug_assert!(matches!(resolved, Resolved::Mapped | Resolved::Upgraded), "a new page was blocked");
+            return Ok(Resolved::Retry);
+        }
+        pte = pte.wired();
+    }
+    if cur.is_wired() && !keeps && phys.unwire(cur.pfn(), Some(&ctx.cpu.counters)) {
+        ctx.m.orphan(cur.pfn());
+    }
     if file && write && pte.allows(Access::Write) {
         c.object.expect("file").mark_dirty(c.pindex);
     }

@@ -66,6 +66,9 @@ pub(crate) enum Resolved {
     Copied,
     /// Another vCPU had already installed a PTE that allows the access.
     Raced,
+    /// Nothing was done: the page is being removed from every mapping
+    /// (`RefCount::try_remove_all`); try again.
+    Retry,
 }
 
 /// The state of one fault (FreeBSD's `struct faultstate`).
@@ -164,6 +167,7 @@ pub(crate) fn handle(
         }
     };
     let resolved = match lockless {
+        Some(Ok(Ok(Resolved::Retry))) | None => classic(ctx, space, fault, &mut f)?,
         Some(Ok(r)) => r.inspect_err(|e| count_bus(ctx, e))?,
         Some(Err(why)) => {
             if path == FaultPath::VmaLock {
@@ -178,9 +182,8 @@ pub(crate) fn handle(
                 path = path.name(),
                 "lockless fault fell back to the map lock"
             );
-            classic::fault(ctx, space, fault, &mut f).inspect_err(|e| count_bus(ctx, e))?
+            classic(ctx, space, fault, &mut f)?
         }
-        None => classic::fault(ctx, space, fault, &mut f).inspect_err(|e| count_bus(ctx, e))?,
     };
     ctx.count(match resolved {
         Resolved::ZeroFill => Counter::zero_fill,
@@ -189,6 +192,18 @@ pub(crate) fn handle(
         Resolved::Upgraded => Counter::write_upgrades,
         Resolved::Copied => Counter::cow_faults,
         Resolved::Raced => Counter::fault_races,
+        Resolved::Retry => unreachable!("the classic path retries"),
     });
     Ok(())
+}
+
+/// The classic path, again while the page it finds is being removed from
+/// every mapping (the removal holds no lock the fault needs: wait it out).
+fn classic(ctx: &Ctx<'_>, space: &Space, fault: Fault, f: &mut impl FnMut(Pfn)) -> Result<Resolved> {
+    loop {
+        match classic::fault(ctx, space, fault, f).inspect_err(|e| count_bus(ctx, e))? {
+            Resolved::Retry => std::thread::yield_now(),
+            r => return Ok(r),
+        }
+    }
 }

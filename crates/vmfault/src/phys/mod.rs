@@ -30,6 +30,7 @@ pub(crate) mod arena;
 pub(crate) mod freelist;
 pub(crate) mod page;
 pub(crate) mod pcpu;
+pub(crate) mod wiring;
 
 use std::sync::atomic::AtomicU64 as StdAtomicU64;
 use std::sync::atomic::Ordering;
@@ -76,6 +77,9 @@ pub(crate) struct PhysMem {
     pcp: Option<PerCpuCache<u32>>,
     /// `[I]` their sizes.
     pcp_config: PcpConfig,
+    /// `[I]` the hashed page locks of `refcount=pagelock` (`None`: atomic
+    /// reference counts alone); see `wiring`.
+    page_locks: Option<wiring::PageLocks>,
 }
 
 impl std::fmt::Debug for PhysMem {
@@ -91,14 +95,16 @@ impl std::fmt::Debug for PhysMem {
 impl PhysMem {
     /// Physical memory of `frames` frames; frame 0 becomes the zero page.
     /// With a capacity in `pcp`, each reader of `rcu` gets a page cache.
-    pub(crate) fn new(frames: u32, prefault: bool, rcu: &Rcu, pcp: PcpConfig) -> Result<PhysMem> {
+    /// With `page_locks`, wirings take a hashed page lock (the baseline).
+    pub(crate) fn new(frames: u32, prefault: bool, rcu: &Rcu, pcp: PcpConfig, page_locks: bool) -> Result<PhysMem> {
         let arena = Arena::new(frames, prefault)?;
         let pages: Box<[Page]> = (0..frames).map(|_| Page::new()).collect();
         // A fresh anonymous mapping reads as zeros: frame 0 is already the zero page.
         pages[0].set_kind(Kind::Free, Kind::Zero);
         let free = FreeList::new(&pages, 1);
         let cache = (pcp.capacity > 0).then(|| PerCpuCache::new(rcu, pcp.capacity));
-        Ok(PhysMem { arena, pages, free, pcp: cache, pcp_config: pcp })
+        let page_locks = page_locks.then(wiring::PageLocks::new);
+        Ok(PhysMem { arena, pages, free, pcp: cache, pcp_config: pcp, page_locks })
     }
 
     /// Drain every per-CPU cache into the global list (remotely: see
@@ -287,7 +293,7 @@ mod tests {
     #[test]
     fn alloc_zero_publish_free() {
         let (rcu, _r) = Rcu::new(1);
-        let phys = PhysMem::new(32, false, &rcu, NO_PCP).unwrap();
+        let phys = PhysMem::new(32, false, &rcu, NO_PCP, false).unwrap();
         let frames = Frames::global(&phys);
         assert_eq!(phys.total_frames(), 32);
         assert_eq!(phys.global_free_frames(), 31);
@@ -317,7 +323,7 @@ mod tests {
     #[test]
     fn runs_out_cleanly() {
         let (rcu, _r) = Rcu::new(1);
-        let phys = PhysMem::new(16, false, &rcu, NO_PCP).unwrap();
+        let phys = PhysMem::new(16, false, &rcu, NO_PCP, false).unwrap();
         let frames = Frames::global(&phys);
         let mut got = Vec::new();
         while let Some(f) = frames.alloc() {
@@ -335,7 +341,7 @@ mod tests {
     fn caches_fill_drain_and_give_everything_back() {
         let (rcu, readers) = Rcu::new(2);
         let cfg = PcpConfig { capacity: 4, fill: 3, drain: 4 };
-        let phys = PhysMem::new(16, false, &rcu, cfg).unwrap();
+        let phys = PhysMem::new(16, false, &rcu, cfg, false).unwrap();
         let counters = crate::stats::CounterSet::new();
         let a = Frames::new(&phys, &rcu, &readers[0], &counters);
         let b = Frames::new(&phys, &rcu, &readers[1], &counters);

@@ -6,6 +6,7 @@
 //! | 1     | writable                                                       |
 //! | 5     | accessed                                                       |
 //! | 6     | dirty                                                          |
+//! | 9     | wired: the PTE holds a wiring of its page (FreeBSD's `PG_W`)   |
 //! | 12..44| frame number                                                   |
 //! | 63    | no-execute                                                     |
 //!
@@ -20,6 +21,7 @@ const PRESENT: u64 = 1 << 0;
 const WRITE: u64 = 1 << 1;
 const ACCESSED: u64 = 1 << 5;
 const DIRTY: u64 = 1 << 6;
+const WIRED: u64 = 1 << 9;
 const NX: u64 = 1 << 63;
 const PFN_MASK: u64 = ((1 << 32) - 1) << 12;
 
@@ -45,6 +47,25 @@ impl Pte {
             v |= DIRTY;
         }
         Pte(v)
+    }
+
+    /// This PTE marked as holding a wiring of its page (an `mlock`ed
+    /// mapping): whoever clears the PTE or drops the mark unwires the page.
+    #[inline]
+    pub(crate) fn wired(self) -> Pte {
+        Pte(self.0 | WIRED)
+    }
+
+    /// Whether this PTE holds a wiring of its page.
+    #[inline]
+    pub(crate) fn is_wired(self) -> bool {
+        self.0 & (PRESENT | WIRED) == PRESENT | WIRED
+    }
+
+    /// This PTE without its wiring mark.
+    #[inline]
+    pub(crate) fn unwired(self) -> Pte {
+        Pte(self.0 & !WIRED)
     }
 
     /// Whether anything is mapped.

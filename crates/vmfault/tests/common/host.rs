@@ -205,6 +205,8 @@ unsafe fn exec(sh: *mut Shared, base: u64, op: &TOp) -> RawResult {
             TOp::Madvise { off, len, advice } => {
                 unit(libc::madvise((base + off) as *mut libc::c_void, len as usize, advice))
             }
+            TOp::Mlock { off, len } => unit(libc::mlock((base + off) as *const libc::c_void, len as usize)),
+            TOp::Munlock { off, len } => unit(libc::munlock((base + off) as *const libc::c_void, len as usize)),
             TOp::Read { off, len } => {
                 let (done, fault) = probe(sh, Kind::Read, base + off, len as usize, ptr::null());
                 let (at, n) = push_data(sh, (&raw const (*sh).probe.buf).cast::<u8>(), done);

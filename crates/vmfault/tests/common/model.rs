@@ -22,6 +22,8 @@ enum Backing {
 struct Page {
     prot: u32,
     backing: Backing,
+    /// `mlock`ed.
+    locked: bool,
 }
 
 /// The model state.
@@ -82,7 +84,7 @@ impl Model {
         self.next_object += 1;
         for i in 0..n {
             let backing = if shared { Backing::Shared { object, pindex: i } } else { Backing::Private(None) };
-            self.pages.insert(first + i, Page { prot, backing });
+            self.pages.insert(first + i, Page { prot, backing, locked: false });
         }
     }
 
@@ -135,6 +137,9 @@ impl Model {
                 let mut hole = false;
                 for p in first..first + align_up(len) / P {
                     match self.pages.get_mut(&p) {
+                        Some(page) if page.locked && [libc::MADV_DONTNEED, libc::MADV_FREE].contains(&advice) => {
+                            return Outcome::Err(EINVAL);
+                        }
                         Some(page) => {
                             if advice == libc::MADV_DONTNEED && matches!(page.backing, Backing::Private(_)) {
                                 page.backing = Backing::Private(None);
@@ -175,6 +180,25 @@ impl Model {
                     None => Outcome::Ok,
                     Some((fault, code)) => Outcome::Segv { off: fault as i64, code, data: Vec::new() },
                 }
+            }
+            TOp::Mlock { off, len } | TOp::Munlock { off, len } => {
+                // Linux's rounding: the start down, the length with the
+                // start's offset up; flags first, a hole stops them (and
+                // population never starts); a PROT_NONE page stops
+                // population. Bytes never change.
+                let lock = matches!(op, TOp::Mlock { .. });
+                let first = off / P;
+                let n = align_up(len + off % P) / P;
+                for p in first..first + n {
+                    match self.pages.get_mut(&p) {
+                        Some(page) => page.locked = lock,
+                        None => return Outcome::Err(ENOMEM),
+                    }
+                }
+                if lock && (first..first + n).any(|p| self.pages[&p].prot == 0) {
+                    return Outcome::Err(ENOMEM);
+                }
+                Outcome::Ok
             }
             TOp::Fork | TOp::Switch(_) | TOp::Exit => unreachable!("the model has one process: {op:?}"),
             TOp::Abs(a) => Outcome::Err(match a {

@@ -84,6 +84,15 @@ pub enum TOp {
         off: u64,
         write: bool,
     },
+    /// `mlock` (any offset: it rounds down).
+    Mlock {
+        off: u64,
+        len: u64,
+    },
+    Munlock {
+        off: u64,
+        len: u64,
+    },
     Abs(AbsOp),
     /// The current process forks; the child gets the next process number
     /// (the first process is 0) and the parent stays current.
@@ -277,6 +286,8 @@ pub fn run_vmfault(space: &AddressSpace, base: u64, op: &TOp) -> Outcome {
             Ok(()) => Outcome::Ok,
             Err(e) => segv_or(e, base, Vec::new()),
         },
+        TOp::Mlock { off, len } => unit(space.mlock(base + off, len)),
+        TOp::Munlock { off, len } => unit(space.munlock(base + off, len)),
         TOp::Fork | TOp::Switch(_) | TOp::Exit => unreachable!("process ops are run by the caller: {op:?}"),
         TOp::Abs(a) => {
             let (call, addr, len, prot, flags) = a.args(base);
@@ -398,6 +409,9 @@ pub fn op() -> impl Strategy<Value = TOp> {
         (1..=(6 * P).min(W - off), any::<u8>()).prop_map(move |(len, seed)| TOp::Write { off, len, seed })
     });
     let touch = (0..W, any::<bool>()).prop_map(|(off, write)| TOp::Touch { off, write });
+    let lock = (0..W, any::<bool>())
+        .prop_flat_map(|(off, lock)| (Just(off), 0..=(12 * P).min(W - off), Just(lock)))
+        .prop_map(|(off, len, lock)| if lock { TOp::Mlock { off, len } } else { TOp::Munlock { off, len } });
     prop_oneof![
         14 => mmap,
         3 => munmap,
@@ -406,6 +420,7 @@ pub fn op() -> impl Strategy<Value = TOp> {
         8 => read,
         9 => write,
         5 => touch,
+        4 => lock,
         1 => abs_op().prop_map(TOp::Abs),
     ]
 }

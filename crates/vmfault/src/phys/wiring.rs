@@ -1,0 +1,79 @@
+//! Wiring and unwiring pages, in either of the two ways `VmConfig::refcount`
+//! selects (protocol 5 of shared/DESIGN.md).
+//!
+//! - `Atomic`: the page's [`RefCount`](crate::sync::refcount::RefCount)
+//!   alone; a wiring is one atomic read-modify-write on the page's own
+//!   descriptor, so vCPUs wiring different pages share nothing.
+//! - `PageLock`: the baseline, FreeBSD before r353535 (the seed): the same
+//!   count, changed under the page's lock. The locks are 256 one-word locks
+//!   (`sync::spin`, spinning then yielding like an adaptive mutex), each on
+//!   its own cache line, picked by the 2 MiB region of the frame as
+//!   FreeBSD's `PA_LOCKPTR` does: neighbouring frames share a lock, so
+//!   vCPUs wiring nearby pages contend even when the pages differ. Every
+//!   acquisition is counted (`page_lock_acquisitions`).
+//!
+//! Every wiring is counted (`wirings`) on the vCPU that made it.
+
+use super::{Pfn, PhysMem};
+use crate::stats::{Counter, CounterSet};
+use crate::sync::atomic::AtomicU32;
+use crate::sync::spin::{self, WordGuard};
+
+/// Number of page locks (FreeBSD's `PA_LOCK_COUNT` on amd64).
+const PAGE_LOCKS: usize = 256;
+/// Frames per lock region: 2 MiB (FreeBSD's `pa_index`, `PDRSHIFT`).
+const REGION_SHIFT: u32 = 9;
+
+/// One page lock on a cache line of its own.
+#[derive(Debug, Default)]
+#[repr(align(64))]
+struct PageLock(AtomicU32);
+
+/// The hashed page locks of the `PageLock` baseline.
+#[derive(Debug)]
+pub(crate) struct PageLocks {
+    /// `[a]` the lock words (`sync::spin`).
+    locks: Box<[PageLock]>,
+}
+
+impl PageLocks {
+    pub(crate) fn new() -> PageLocks {
+        PageLocks { locks: (0..PAGE_LOCKS).map(|_| PageLock::default()).collect() }
+    }
+
+    /// Take the lock of `pfn`, counting the acquisition.
+    fn lock(&self, pfn: Pfn, counters: Option<&CounterSet>) -> WordGuard<'_> {
+        if let Some(c) = counters {
+            c.inc(Counter::page_lock_acquisitions);
+        }
+        let i = (pfn.0 >> REGION_SHIFT) as usize % PAGE_LOCKS;
+        spin::lock(&self.locks[i].0).0
+    }
+}
+
+impl PhysMem {
+    /// The page lock of `pfn` in the baseline mode; nothing otherwise.
+    #[inline]
+    fn page_lock(&self, pfn: Pfn, counters: Option<&CounterSet>) -> Option<WordGuard<'_>> {
+        self.page_locks.as_ref().map(|l| l.lock(pfn, counters))
+    }
+
+    /// `RefCount::wire_mapped` (the caller found the page through a PTE,
+    /// under its lock): fails while a removal of every mapping runs.
+    pub(crate) fn wire_mapped(&self, pfn: Pfn, counters: Option<&CounterSet>) -> bool {
+        let _lock = self.page_lock(pfn, counters);
+        let ok = self.page(pfn).refs.wire_mapped();
+        if ok && let Some(c) = counters {
+            c.inc(Counter::wirings);
+        }
+        ok
+    }
+
+    /// `RefCount::unwire`: whether that was the last reference (the caller
+    /// frees the page, after a grace period if it was ever mapped).
+    #[must_use = "the last reference frees the page"]
+    pub(crate) fn unwire(&self, pfn: Pfn, counters: Option<&CounterSet>) -> bool {
+        let _lock = self.page_lock(pfn, counters);
+        self.page(pfn).refs.unwire()
+    }
+}
