@@ -61,6 +61,9 @@ impl Drop for TempFile {
     }
 }
 
+/// mlock1's range: 64 KiB, as in the seed.
+const MLOCK1_LEN: u64 = 64 << 10;
+
 /// exec1's binary and what one exec touches.
 pub const EXEC1_IMAGE: Image = Image { text: 1 << 20, text_touch: 64, data: 64 << 10, stack: 64 << 10 };
 
@@ -125,7 +128,9 @@ pub(crate) fn run<T: Target>(
         Workload::Exec1 => exec1(t, file()?, stop),
         Workload::Shared64 => return shared64(t, sizes.shared_region, stop),
         Workload::ZeroFill => zero_fill(&mut scratch.buf, stop),
-        Workload::Pft | Workload::Mlock1 => Err(format!("{} has no free-running loop", w.name())),
+        Workload::Mlock1 => t.mlock_loop(MLOCK1_LEN, false, stop),
+        Workload::Mlock1Shared => t.mlock_loop(MLOCK1_LEN, true, stop),
+        Workload::Pft => Err(format!("{} has no free-running loop", w.name())),
     };
     ops.map(Done::from)
 }

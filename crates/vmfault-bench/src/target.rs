@@ -6,6 +6,8 @@
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use vmfault::{AddressSpace, CpuGuard, MapFlags, Prot, Stats, Vm};
@@ -52,6 +54,12 @@ pub trait Target: Sync {
     /// shared anonymous memory and writes every page, forks `members - 1`
     /// children that each read every page, then every space unmaps it.
     fn share_cycle(&self, len: u64, members: usize) -> Result<ShareCycle, OpError>;
+
+    /// mlock1 (vmfault only): in an address space of this worker's own
+    /// (a process of the seed's test), `mlock` and `munlock` `len` bytes
+    /// until `stop`: a range of its own, or with `shared` one range of
+    /// shared memory that every worker's space maps. Returns the cycles.
+    fn mlock_loop(&self, len: u64, shared: bool, stop: &AtomicBool) -> Result<u64, OpError>;
 
     /// vmfault's statistics, if this is vmfault.
     fn stats(&self) -> Option<Stats>;
@@ -113,12 +121,15 @@ fn touch_image(
 pub struct VmTarget {
     vm: Vm,
     space: AddressSpace,
+    /// mlock1_shared's parent: a space holding the shared range its
+    /// workers' spaces are forked from (made by the first worker).
+    lock_parent: Arc<Mutex<Option<(AddressSpace, u64)>>>,
 }
 
 impl VmTarget {
     /// A fresh address space in `vm`.
     pub fn new(vm: &Vm) -> Result<VmTarget, OpError> {
-        Ok(VmTarget { vm: vm.clone(), space: vm.new_space().map_err(|e| e.to_string())? })
+        Ok(VmTarget { vm: vm.clone(), space: vm.new_space().map_err(|e| e.to_string())?, lock_parent: Arc::default() })
     }
 
     /// The address space.
@@ -217,6 +228,32 @@ impl Target for VmTarget {
         }
         c.unmap_ns = t.elapsed().as_nanos() as u64;
         Ok(c)
+    }
+
+    fn mlock_loop(&self, len: u64, shared: bool, stop: &AtomicBool) -> Result<u64, OpError> {
+        let e = |e: vmfault::Error| e.to_string();
+        let (space, a) = if shared {
+            let mut parent = self.lock_parent.lock().unwrap_or_else(|p| p.into_inner());
+            if parent.is_none() {
+                let p = self.vm.new_space().map_err(e)?;
+                let a = p.mmap(0, len, RW, MapFlags::SHARED | MapFlags::ANONYMOUS).map_err(e)?;
+                p.touch(a, vmfault::Access::Write).map_err(e)?;
+                *parent = Some((p, a));
+            }
+            let (p, a) = parent.as_ref().expect("just made");
+            (p.fork().map_err(e)?, *a)
+        } else {
+            let s = self.vm.new_space().map_err(e)?;
+            let a = s.mmap(0, len, RW, PA).map_err(e)?;
+            (s, a)
+        };
+        let mut ops = 0;
+        while !stop.load(Ordering::Relaxed) {
+            space.mlock(a, len).map_err(e)?;
+            space.munlock(a, len).map_err(e)?;
+            ops += 1;
+        }
+        Ok(ops)
     }
 
     fn stats(&self) -> Option<Stats> {
@@ -348,6 +385,10 @@ impl Target for HostTarget {
 
     fn share_cycle(&self, _len: u64, _members: usize) -> Result<ShareCycle, OpError> {
         Err("shared64 has no host twin (it measures vmfault's reverse map)".into())
+    }
+
+    fn mlock_loop(&self, _len: u64, _shared: bool, _stop: &AtomicBool) -> Result<u64, OpError> {
+        Err("mlock1 has no host twin (the seed's test runs one process per worker)".into())
     }
 
     fn stats(&self) -> Option<Stats> {

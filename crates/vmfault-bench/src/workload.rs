@@ -33,9 +33,14 @@ pub enum Workload {
     Pft,
     /// `ebizzy -mT`: map 512 KiB, write one byte per page, unmap; one op = one record.
     Ebizzy,
-    /// The seed's `mlock` loop: mlock/munlock a 64 KiB range.
+    /// The seed's `mlock` loop: mlock/munlock a 64 KiB range, each worker
+    /// in an address space of its own (the seed ran processes).
     #[serde(rename = "mlock1")]
     Mlock1,
+    /// The same on one 64 KiB range of shared memory that every worker's
+    /// space maps: the workers wire the same pages.
+    #[serde(rename = "mlock1_shared")]
+    Mlock1Shared,
     /// fork with copy-on-write: touch 1 MiB private, then loop: fork, the
     /// child writes every page and exits; one op = one fork.
     #[serde(rename = "fork1")]
@@ -82,7 +87,7 @@ impl Sizes {
 
 impl Workload {
     /// Every workload, in display order.
-    pub const ALL: [Workload; 13] = [
+    pub const ALL: [Workload; 14] = [
         Workload::PageFault1,
         Workload::PageFault2,
         Workload::PageFault3,
@@ -92,6 +97,7 @@ impl Workload {
         Workload::Pft,
         Workload::Ebizzy,
         Workload::Mlock1,
+        Workload::Mlock1Shared,
         Workload::Fork1,
         Workload::Shared64,
         Workload::Exec1,
@@ -114,6 +120,7 @@ impl Workload {
             Workload::Pft => "pft",
             Workload::Ebizzy => "ebizzy",
             Workload::Mlock1 => "mlock1",
+            Workload::Mlock1Shared => "mlock1_shared",
             Workload::Fork1 => "fork1",
             Workload::Shared64 => "shared64",
             Workload::Exec1 => "exec1",
@@ -137,7 +144,12 @@ impl Workload {
             Workload::Brk1 => "grow a mapping by one page and shrink it back (op = grow or shrink)",
             Workload::Pft => "one private region, each thread faults its share once (op = fault)",
             Workload::Ebizzy => "ebizzy -mT: map 512 KiB, write one byte per page, unmap (op = record)",
-            Workload::Mlock1 => "mlock and munlock 64 KiB in a loop (op = mlock+munlock)",
+            Workload::Mlock1 => {
+                "each worker in a space of its own mlocks and munlocks its own 64 KiB in a loop (op = mlock+munlock)"
+            }
+            Workload::Mlock1Shared => {
+                "each worker in a space of its own mlocks and munlocks one 64 KiB of shared memory (op = mlock+munlock)"
+            }
             Workload::Fork1 => {
                 "touch 1 MiB private, then fork; the child writes every page (copy-on-write) and exits (op = fork)"
             }
@@ -154,16 +166,13 @@ impl Workload {
     /// Why vmfault cannot run it yet, if it cannot.
     pub fn unsupported(self) -> Option<&'static str> {
         match self {
-            Workload::Mlock1 => {
-                Some("not yet supported: needs mlock and page wiring (issue: reference counting and reclaim)")
-            }
             _ => None,
         }
     }
 
     /// Whether the host kernel runs a twin of it.
     pub fn host_twin(self) -> bool {
-        self != Workload::Shared64
+        !matches!(self, Workload::Shared64 | Workload::Mlock1 | Workload::Mlock1Shared)
     }
 
     /// The unit of one op.
@@ -188,6 +197,7 @@ impl Workload {
             | Workload::Mmap1
             | Workload::Brk1
             | Workload::Mlock1
+            | Workload::Mlock1Shared
             | Workload::Fork1
             | Workload::ZeroFill => 1 << 20,
             // The region, and the 64 spaces' page tables (1/512 of it each).
