@@ -177,7 +177,6 @@ fn label(settings: &BTreeMap<String, String>) -> String {
 pub fn run(plan: &Plan, observe: &mut dyn FnMut(Event)) -> Results {
     let machine = Machine::detect();
     let mut rows = Vec::new();
-    let mut skipped = Vec::new();
     let mut systems: Vec<System> = Vec::new();
     match plan.vm_configs() {
         Ok(cfgs) => {
@@ -193,19 +192,7 @@ pub fn run(plan: &Plan, observe: &mut dyn FnMut(Event)) -> Results {
     if plan.host {
         systems.push(System { label: "host".into(), settings: BTreeMap::new(), vm: None });
     }
-    let runnable: Vec<Workload> = plan
-        .workloads
-        .iter()
-        .copied()
-        .filter(|w| match w.unsupported() {
-            Some(reason) => {
-                observe(Event::Note(format!("{}: {reason}", w.name())));
-                skipped.push(results::Skipped { workload: *w, reason: reason.into() });
-                false
-            }
-            None => *w != Workload::ZeroFill,
-        })
-        .collect();
+    let runnable: Vec<Workload> = plan.workloads.iter().copied().filter(|w| *w != Workload::ZeroFill).collect();
     let per_point = plan.rounds + usize::from(plan.warmup_secs > 0.0);
     let mut footprints: Vec<u64> = runnable.iter().map(|w| w.zero_fill_footprint(&plan.sizes)).collect();
     footprints.push(plan.sizes.region);
@@ -248,7 +235,7 @@ pub fn run(plan: &Plan, observe: &mut dyn FnMut(Event)) -> Results {
     plan_info.insert("warmup_secs".to_string(), serde_json::json!(plan.warmup_secs));
     plan_info.insert("sizes".to_string(), serde_json::json!(plan.sizes));
     let config = plan.base.knobs().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
-    Results { machine, config, plan: plan_info, zero_fill_pages_per_sec, rows, comparisons, skipped }
+    Results { machine, config, plan: plan_info, zero_fill_pages_per_sec, rows, comparisons }
 }
 
 /// Warm up, then run interleaved rounds of every system at one point.
@@ -325,7 +312,7 @@ fn compare(plan: &Plan, rows: &[Row]) -> Vec<Comparison> {
                 && r.settings.get(key).map(String::as_str) == Some(v)
         })
     };
-    for w in plan.workloads.iter().copied().filter(|w| w.unsupported().is_none() && *w != Workload::ZeroFill) {
+    for w in plan.workloads.iter().copied().filter(|w| *w != Workload::ZeroFill) {
         for &t in &plan.threads {
             let Some(a) = find(w, t, &values[0]) else {
                 continue;
@@ -377,8 +364,7 @@ mod tests {
         for key in ["cpu_model", "cores", "kernel", "date"] {
             assert!(json["machine"].get(key).is_some(), "missing machine.{key}");
         }
-        assert!(results.skipped.is_empty(), "every workload runs: {:?}", results.skipped);
-        for w in Workload::ALL.into_iter().filter(|w| w.unsupported().is_none()) {
+        for w in Workload::ALL {
             for t in [1, 2] {
                 let systems: Vec<&str> = results
                     .rows

@@ -141,15 +141,6 @@ pub struct Comparison {
     pub ratio_b_over_a: Spread,
 }
 
-/// A workload that could not run, and why.
-#[derive(Debug, Clone, Serialize)]
-pub struct Skipped {
-    /// Workload name.
-    pub workload: Workload,
-    /// Why.
-    pub reason: String,
-}
-
 /// Everything a run measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct Results {
@@ -165,8 +156,6 @@ pub struct Results {
     pub rows: Vec<Row>,
     /// Pairwise comparisons of a `--compare` run.
     pub comparisons: Vec<Comparison>,
-    /// Workloads not run, with the reason.
-    pub skipped: Vec<Skipped>,
 }
 
 /// Build a row from its rounds.

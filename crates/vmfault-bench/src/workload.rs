@@ -163,13 +163,6 @@ impl Workload {
         }
     }
 
-    /// Why vmfault cannot run it yet, if it cannot.
-    pub fn unsupported(self) -> Option<&'static str> {
-        match self {
-            _ => None,
-        }
-    }
-
     /// Whether the host kernel runs a twin of it.
     pub fn host_twin(self) -> bool {
         !matches!(self, Workload::Shared64 | Workload::Mlock1 | Workload::Mlock1Shared)

@@ -135,9 +135,6 @@ pub(crate) fn render(results: &Results, plan: &Plan) -> String {
         }
         out.push_str(&columns(&lines));
     }
-    for s in &results.skipped {
-        let _ = writeln!(out, "{}: {}", s.workload.name(), s.reason);
-    }
     out
 }
 
