@@ -160,6 +160,13 @@ pub struct VmConfig {
     pub rmap: Rmap,
     /// How page references are counted (see [`Refcount`]). Default `Atomic`.
     pub refcount: Refcount,
+    /// Run a page daemon thread that wakes when the global free list falls
+    /// below `free_target` and drains the vCPUs' page caches remotely.
+    /// Default true.
+    pub page_daemon: bool,
+    /// Free frames on the global list below which the page daemon runs;
+    /// 0 means 1/32 of physical memory. Default 0.
+    pub free_target: u64,
 }
 
 impl Default for VmConfig {
@@ -176,6 +183,8 @@ impl Default for VmConfig {
             fault_path: FaultPath::Speculative,
             rmap: Rmap::Backing,
             refcount: Refcount::Atomic,
+            page_daemon: true,
+            free_target: 0,
         }
     }
 }
@@ -208,6 +217,8 @@ impl VmConfig {
             "fault_path" => self.fault_path = FaultPath::parse(value)?,
             "rmap" => self.rmap = Rmap::parse(value)?,
             "refcount" => self.refcount = Refcount::parse(value)?,
+            "page_daemon" => self.page_daemon = parse_bool(value)?,
+            "free_target" => self.free_target = parse_num(value)?,
             "pcpu_drain_hz" => {
                 self.pcpu_drain_hz = u32::try_from(parse_num(value)?).map_err(|_| "too large for a u32")?
             }
@@ -230,6 +241,8 @@ impl VmConfig {
             ("fault_path", self.fault_path.name().to_string()),
             ("rmap", self.rmap.name().to_string()),
             ("refcount", self.refcount.name().to_string()),
+            ("page_daemon", self.page_daemon.to_string()),
+            ("free_target", self.free_target.to_string()),
         ]
     }
 
@@ -262,6 +275,12 @@ impl VmConfig {
         }
         if self.pcpu_drain > self.pcpu_pages {
             return Err(Error::Config { reason: "pcpu_drain cannot exceed pcpu_pages", value: self.pcpu_drain as u64 });
+        }
+        if self.free_target >= frames {
+            return Err(Error::Config {
+                reason: "free_target must be below the number of frames",
+                value: self.free_target,
+            });
         }
         if self.pcpu_drain_hz > 100_000 {
             return Err(Error::Config {

@@ -31,6 +31,7 @@
 //! | pmap | `pmap` | frame-backed radix trees: page tables (PTE locks, zap, protect, prune) and object indexes |
 //! | object | `object` | VM objects owning pages by index (private and shared anonymous), shadow chains for copy-on-write after `fork` |
 //! | aspace | `aspace` | [`AddressSpace`]: VMA index (and its RCU snapshot), one file per operation, the software MMU |
+//! | reclaim | `reclaim` | the page daemon: wakes below the free target, drains per-CPU caches remotely |
 //! | fault | `fault` | the fault path: classic (map lock), speculative, per-VMA lock; anonymous-page resolution shared by all three |
 //! | stats | [`stats`] | per-vCPU counters summed on read |
 //!
@@ -101,6 +102,7 @@ mod fault;
 mod object;
 mod phys;
 mod pmap;
+mod reclaim;
 pub mod stats;
 pub mod sync;
 pub mod types;

@@ -105,6 +105,8 @@ stats! {
         pcp_pages: "frames held in per-CPU caches",
         pcp_remote_drains: "remote drains of the per-CPU caches that found frames",
         pcp_pages_drained: "frames drained remotely from per-CPU caches",
+        daemon_wakeups: "page daemon wakeups (the global free list fell below the free target)",
+        daemon_pages_drained: "frames the page daemon drained remotely from per-CPU caches",
         page_table_pages: "frames used as page-table pages",
         index_pages: "frames used as object page-index nodes",
         data_pages: "frames holding data pages of VM objects",

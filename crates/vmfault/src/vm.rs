@@ -186,13 +186,16 @@ impl Vm {
         config.validate()?;
         let frames = (config.phys_bytes / PAGE_SIZE) as u32;
         let (rcu, readers) = Rcu::new(config.cpus + 1);
-        let phys = PhysMem::new(
+        let mut phys = PhysMem::new(
             frames,
             config.prefault,
             &rcu,
             config.pcp(),
             config.refcount == crate::config::Refcount::PageLock,
         )?;
+        if config.free_target > 0 {
+            phys.set_free_target(config.free_target);
+        }
         let mut readers = readers.into_iter();
         let cpus = CpuSet::new(config.cpus, |_| {
             let reader = readers.next().expect("one reader per slot");
@@ -215,6 +218,9 @@ impl Vm {
         });
         if m.config.pcpu_drain_hz > 0 {
             spawn_drainer(&m)?;
+        }
+        if m.config.page_daemon && m.config.pcpu_pages > 0 {
+            crate::reclaim::spawn_daemon(&m)?;
         }
         Ok(Vm { _life: Arc::new(Life(m.clone())), m })
     }
@@ -291,6 +297,8 @@ impl Vm {
             pcp_remote_drains: drains,
             pcp_pages_drained: drained,
             global_lock_acquisitions: phys.lock_acquisitions(),
+            daemon_wakeups: phys.doorbell.wakeups.load(std::sync::atomic::Ordering::Relaxed),
+            daemon_pages_drained: phys.doorbell.drained.load(std::sync::atomic::Ordering::Relaxed),
             cpus_attached: (0..self.m.cpus.cpus()).filter(|&i| self.m.cpus.is_attached(i)).count() as u64,
             ..Stats::default()
         };

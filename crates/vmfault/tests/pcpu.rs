@@ -120,8 +120,12 @@ fn remote_drains_while_every_vcpu_faults_and_frees() {
 #[test]
 fn allocation_succeeds_while_any_frame_is_free_anywhere() {
     const THREADS: usize = 8;
-    // 96 frames; 9 slots x 32-page caches could hold 288.
-    let vm = vm(96 * P, THREADS + 1, |c| c.pcpu_pages = 32);
+    // 96 frames; 9 slots x 32-page caches could hold 288. No page daemon:
+    // the allocator's own remote drain is under test.
+    let vm = vm(96 * P, THREADS + 1, |c| {
+        c.pcpu_pages = 32;
+        c.page_daemon = false;
+    });
     let space = vm.new_space().unwrap();
     let hoard = Arc::new(Barrier::new(THREADS + 1));
     let (done_tx, done_rx) = mpsc::channel::<()>();
@@ -151,6 +155,79 @@ fn allocation_succeeds_while_any_frame_is_free_anywhere() {
     assert!(s.pcp_remote_drains > 0, "the other vCPUs' caches were drained on demand");
     space.munmap(big.0, big.1).unwrap();
     for _ in 0..THREADS {
+        done_tx.send(()).unwrap();
+    }
+    for h in hoarders {
+        h.join().unwrap();
+    }
+}
+
+/// Below the free target the page daemon drains the caches of vCPUs that
+/// hold frames and never run again (issue 7: "the page daemon drains
+/// per-CPU caches remotely when memory runs low"); no allocation fails.
+#[test]
+fn the_page_daemon_drains_idle_caches_when_memory_runs_low() {
+    const HOARDERS: usize = 4;
+    const TARGET: u64 = 256;
+    // 1024 frames; 4 hoarders hold up to 64 each in their caches.
+    let vm = vm(1024 * P, HOARDERS + 1, |c| {
+        c.pcpu_pages = 64;
+        c.free_target = TARGET;
+    });
+    let space = vm.new_space().unwrap();
+    let hoard = Arc::new(Barrier::new(HOARDERS + 1));
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let done_rx = Arc::new(std::sync::Mutex::new(done_rx));
+    let hoarders: Vec<_> = (0..HOARDERS)
+        .map(|_| {
+            let (vm, space, hoard, done_rx) = (vm.clone(), space.clone(), hoard.clone(), done_rx.clone());
+            std::thread::spawn(move || {
+                let _cpu = vm.attach().unwrap();
+                let a = space.mmap(0, 48 * P, RW, PA).unwrap();
+                for p in 0..48 {
+                    space.write(a + p * P, &[1]).unwrap();
+                }
+                space.munmap(a, 48 * P).unwrap();
+                hoard.wait();
+                let _ = done_rx.lock().unwrap().recv(); // parked, holding its cache
+            })
+        })
+        .collect();
+    hoard.wait();
+    let before = vm.stats();
+    assert!(before.pcp_pages >= 4 * 48, "the parked vCPUs hold frames: {before:?}");
+    assert_eq!(before.daemon_wakeups, 0, "plenty free: the daemon sleeps ({before:?})");
+    // Allocate until the global list is below the target, not empty.
+    let cpu = vm.attach().unwrap();
+    let len = 1024 * P;
+    let big = space.mmap(0, len, RW, PA).unwrap();
+    let mut touched = 0;
+    while vm.stats().global_free_pages >= TARGET {
+        space.write(big + touched * P, &[2]).unwrap();
+        touched += 1;
+    }
+    // This vCPU stops allocating too: its cache is drained like the others.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let after = loop {
+        let s = vm.stats();
+        if s.daemon_pages_drained > 0 && s.pcp_pages == 0 {
+            break s;
+        }
+        assert!(std::time::Instant::now() < deadline, "the daemon did not drain the caches: {s:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(after.daemon_wakeups > 0, "{after:?}");
+    assert!(after.daemon_pages_drained >= 4 * 48, "every hoarder's cache was drained: {after:?}");
+    assert_eq!(after.global_free_pages, after.free_pages, "every free frame is on the global list: {after:?}");
+    assert!(after.global_free_pages >= TARGET, "the drain brought the list back above the target: {after:?}");
+    for p in 0..touched {
+        let mut b = [0];
+        space.read(big + p * P, &mut b).unwrap();
+        assert_eq!(b, [2], "page {p}");
+    }
+    space.munmap(big, len).unwrap();
+    drop(cpu);
+    for _ in 0..HOARDERS {
         done_tx.send(()).unwrap();
     }
     for h in hoarders {

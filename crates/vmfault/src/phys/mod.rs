@@ -80,6 +80,11 @@ pub(crate) struct PhysMem {
     /// `[I]` the hashed page locks of `refcount=pagelock` (`None`: atomic
     /// reference counts alone); see `wiring`.
     page_locks: Option<wiring::PageLocks>,
+    /// The page daemon's doorbell, rung by allocations that find the
+    /// global list below `free_target` (`reclaim`).
+    pub(crate) doorbell: std::sync::Arc<crate::reclaim::Doorbell>,
+    /// `[I]` free frames on the global list below which the daemon runs.
+    free_target: u64,
 }
 
 impl std::fmt::Debug for PhysMem {
@@ -104,7 +109,17 @@ impl PhysMem {
         let free = FreeList::new(&pages, 1);
         let cache = (pcp.capacity > 0).then(|| PerCpuCache::new(rcu, pcp.capacity));
         let page_locks = page_locks.then(wiring::PageLocks::new);
-        Ok(PhysMem { arena, pages, free, pcp: cache, pcp_config: pcp, page_locks })
+        let free_target = u64::from(frames) / 32;
+        Ok(PhysMem {
+            arena,
+            pages,
+            free,
+            pcp: cache,
+            pcp_config: pcp,
+            page_locks,
+            doorbell: Default::default(),
+            free_target,
+        })
     }
 
     /// Drain every per-CPU cache into the global list (remotely: see
@@ -138,6 +153,16 @@ impl PhysMem {
     /// Frames in total.
     pub(crate) fn total_frames(&self) -> u64 {
         self.pages.len() as u64
+    }
+
+    /// Free frames on the global list below which the page daemon runs.
+    pub(crate) fn free_target(&self) -> u64 {
+        self.free_target
+    }
+
+    /// Override the free target (`VmConfig::free_target`).
+    pub(crate) fn set_free_target(&mut self, frames: u64) {
+        self.free_target = frames;
     }
 
     /// Frames on the global free list (a snapshot).

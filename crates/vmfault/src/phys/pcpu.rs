@@ -82,6 +82,9 @@ impl<'a> Frames<'a> {
             // batch out reversed cost page_fault1 13%): `take` yields the
             // warmest last, so it lands on top of the magazine.
             phys.free.take(&phys.pages, phys.pcp_config.fill.min(m.capacity()), m);
+            if phys.free.free_frames() < phys.free_target {
+                phys.doorbell.ring();
+            }
             m.pop()
         })
     }
