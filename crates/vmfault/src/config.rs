@@ -167,6 +167,13 @@ pub struct VmConfig {
     /// Free frames on the global list below which the page daemon runs;
     /// 0 means 1/32 of physical memory. Default 0.
     pub free_target: u64,
+    /// A swap file for anonymous pages, created (or truncated) at this
+    /// path by [`Vm::new`](crate::Vm::new) and removed when the `Vm`
+    /// goes; the page daemon pages out to it when memory runs low. Needs
+    /// `page_daemon`. Default none: anonymous memory is not reclaimable.
+    pub swap: Option<std::path::PathBuf>,
+    /// Bytes of the swap file; 0 means twice `phys_bytes`. Default 0.
+    pub swap_bytes: u64,
 }
 
 impl Default for VmConfig {
@@ -185,6 +192,8 @@ impl Default for VmConfig {
             refcount: Refcount::Atomic,
             page_daemon: true,
             free_target: 0,
+            swap: None,
+            swap_bytes: 0,
         }
     }
 }
@@ -219,6 +228,8 @@ impl VmConfig {
             "refcount" => self.refcount = Refcount::parse(value)?,
             "page_daemon" => self.page_daemon = parse_bool(value)?,
             "free_target" => self.free_target = parse_num(value)?,
+            "swap" => self.swap = (!matches!(value.trim(), "" | "none")).then(|| value.trim().into()),
+            "swap_bytes" => self.swap_bytes = parse_size(value)?,
             "pcpu_drain_hz" => {
                 self.pcpu_drain_hz = u32::try_from(parse_num(value)?).map_err(|_| "too large for a u32")?
             }
@@ -243,6 +254,8 @@ impl VmConfig {
             ("refcount", self.refcount.name().to_string()),
             ("page_daemon", self.page_daemon.to_string()),
             ("free_target", self.free_target.to_string()),
+            ("swap", self.swap.as_ref().map_or("none".into(), |p| p.display().to_string())),
+            ("swap_bytes", self.swap_bytes.to_string()),
         ]
     }
 
@@ -276,6 +289,12 @@ impl VmConfig {
         if self.pcpu_drain > self.pcpu_pages {
             return Err(Error::Config { reason: "pcpu_drain cannot exceed pcpu_pages", value: self.pcpu_drain as u64 });
         }
+        if self.swap.is_some() && !self.page_daemon {
+            return Err(Error::Config { reason: "swap needs the page daemon (page_daemon=true)", value: 0 });
+        }
+        if self.swap.is_some() && self.swap_bytes != 0 && self.swap_bytes < crate::PAGE_SIZE {
+            return Err(Error::Config { reason: "swap_bytes must hold at least one page", value: self.swap_bytes });
+        }
         if self.free_target >= frames {
             return Err(Error::Config {
                 reason: "free_target must be below the number of frames",
@@ -292,6 +311,11 @@ impl VmConfig {
     }
 
     /// The per-CPU cache sizes, with the seed's defaults filled in.
+    /// Bytes of the swap file (`swap_bytes`, 0: twice `phys_bytes`).
+    pub(crate) fn swap_bytes(&self) -> u64 {
+        if self.swap_bytes == 0 { self.phys_bytes.saturating_mul(2) } else { self.swap_bytes }
+    }
+
     pub(crate) fn pcp(&self) -> crate::phys::PcpConfig {
         let capacity = self.pcpu_pages;
         let fill = if self.pcpu_fill == 0 { capacity.saturating_sub(1).max(1) } else { self.pcpu_fill };

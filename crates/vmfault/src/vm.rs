@@ -57,6 +57,8 @@ pub(crate) struct Machine {
     /// (they had left their object while wired): unmapped, waiting for an
     /// operation's grace period to be freed (a lock of its own, innermost).
     pub(crate) orphans: std::sync::Mutex<Vec<crate::phys::Pfn>>,
+    /// The swap file (`VmConfig::swap`; its own lock inside).
+    pub(crate) swap: Option<crate::reclaim::Swap>,
 }
 
 impl Machine {
@@ -185,7 +187,8 @@ impl Vm {
     pub fn new(config: VmConfig) -> Result<Vm> {
         config.validate()?;
         let frames = (config.phys_bytes / PAGE_SIZE) as u32;
-        let (rcu, readers) = Rcu::new(config.cpus + 1);
+        // One reader per slot (the shared one included), one for the daemon.
+        let (rcu, readers) = Rcu::new(config.cpus + 2);
         let mut phys = PhysMem::new(
             frames,
             config.prefault,
@@ -201,6 +204,11 @@ impl Vm {
             let reader = readers.next().expect("one reader per slot");
             (PerCpu { counters: CounterSet::new() }, PerCpuOwned { rcu: reader, next_object: Cell::new(1) })
         });
+        let daemon_reader = readers.next().expect("the page daemon's reader");
+        let swap = match &config.swap {
+            Some(path) => Some(crate::reclaim::Swap::create(path, config.swap_bytes())?),
+            None => None,
+        };
         let pv = match config.rmap {
             crate::config::Rmap::PvEntry => crate::object::PvTable::new(frames),
             crate::config::Rmap::Backing => crate::object::PvTable::default(),
@@ -215,12 +223,13 @@ impl Vm {
             pv,
             spaces: Default::default(),
             orphans: Default::default(),
+            swap,
         });
         if m.config.pcpu_drain_hz > 0 {
             spawn_drainer(&m)?;
         }
-        if m.config.page_daemon && m.config.pcpu_pages > 0 {
-            crate::reclaim::spawn_daemon(&m)?;
+        if m.config.page_daemon && (m.config.pcpu_pages > 0 || m.swap.is_some()) {
+            crate::reclaim::spawn_daemon(&m, daemon_reader)?;
         }
         Ok(Vm { _life: Arc::new(Life(m.clone())), m })
     }
@@ -285,6 +294,15 @@ impl Vm {
         self.m.cpus.claim()
     }
 
+    /// Fail the next `n` writes to the swap file with `EIO` (fault
+    /// injection, for tests of what a failed pageout keeps). No effect
+    /// without swap.
+    pub fn fail_swap_writes(&self, n: u32) {
+        if let Some(s) = &self.m.swap {
+            s.fail_writes(n);
+        }
+    }
+
     /// Statistics: gauges now, counters summed over all vCPU slots.
     pub fn stats(&self) -> Stats {
         let phys = &self.m.phys;
@@ -299,6 +317,12 @@ impl Vm {
             global_lock_acquisitions: phys.lock_acquisitions(),
             daemon_wakeups: phys.doorbell.wakeups.load(std::sync::atomic::Ordering::Relaxed),
             daemon_pages_drained: phys.doorbell.drained.load(std::sync::atomic::Ordering::Relaxed),
+            reclaim_scans: phys.doorbell.scans.load(std::sync::atomic::Ordering::Relaxed),
+            pageouts: phys.doorbell.pageouts.load(std::sync::atomic::Ordering::Relaxed),
+            pageout_failures: phys.doorbell.failures.load(std::sync::atomic::Ordering::Relaxed),
+            swap_write_errors: phys.doorbell.write_errors.load(std::sync::atomic::Ordering::Relaxed),
+            swap_used_pages: self.m.swap.as_ref().map_or(0, |s| s.used()),
+            swap_total_pages: self.m.swap.as_ref().map_or(0, |s| s.slots()),
             cpus_attached: (0..self.m.cpus.cpus()).filter(|&i| self.m.cpus.is_attached(i)).count() as u64,
             ..Stats::default()
         };

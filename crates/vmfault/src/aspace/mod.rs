@@ -36,6 +36,7 @@ mod mprotect;
 mod munmap;
 mod ptree;
 mod rmap;
+pub(crate) use rmap::{swappable_objects, try_unmap_everywhere};
 pub(crate) mod vma;
 
 use std::ops::{Deref, DerefMut};

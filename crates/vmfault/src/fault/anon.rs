@@ -64,13 +64,16 @@ pub(super) fn resolve_stable(
     let nomem = |what| Error::NoMemory { op: fault.op, what };
     let pindex = vma.pindex(fault.addr);
     let frames = ctx.frames();
-    let leaf = space.pmap.pte_alloc(&frames, fault.addr).map_err(|_| nomem("a page-table page"))?;
+    let leaf = crate::reclaim::retrying(ctx, &frames, || space.pmap.pte_alloc(&frames, fault.addr).ok())
+        .ok_or(nomem("a page-table page"))?;
 
     // Allocation and zeroing or copying (the bulk of a fault's work) come
     // before any lock, outside any section: allocating may have to drain
     // the caches. Under the map lock no page can leave the object or the
-    // objects below it, and those below are frozen. A file's page is read
-    // in first (it never leaves the cache while mapped).
+    // objects below it, and those below are frozen, but the page daemon
+    // may page one out (it is checked again under the PTE lock). A file's
+    // page is read in first (it never leaves the cache while mapped), and
+    // so is a page in swap.
     let found = loop {
         let (found, file) = match object {
             Some(o) => {
@@ -82,9 +85,10 @@ pub(super) fn resolve_stable(
             }
             None => (Found::Zero, None),
         };
-        match file {
-            Some(file) => file.fill(ctx, fault.op, fault.addr, pindex)?,
-            None => break found,
+        match (found, file, object) {
+            (_, Some(file), _) => file.fill(ctx, fault.op, fault.addr, pindex)?,
+            (Found::Swapped { depth }, _, Some(o)) => o.page_in(ctx, fault.op, pindex, depth)?,
+            _ => break found,
         }
     };
     let fresh = new_page(ctx, &frames, vma, object, pindex, found, &fault).map_err(|lack| {
@@ -95,7 +99,15 @@ pub(super) fn resolve_stable(
     })?;
 
     let section = ctx.rcu_read();
-    let (existing, below) = split(object.map_or(Found::Zero, |o| o.find(pindex, &section)));
+    let now = object.map_or(Found::Zero, |o| o.find(pindex, &section));
+    if matches!(now, Found::Swapped { .. }) {
+        // Paged out since: read it in again.
+        if let Some(frame) = fresh {
+            frames.free_owned(frame);
+        }
+        return Ok(Resolved::Retry);
+    }
+    let (existing, below) = split(now);
     let (ptl, contended) = Pmap::lock(phys, &leaf);
     if contended {
         ctx.count(Counter::pte_lock_contended);
@@ -145,15 +157,15 @@ pub(super) fn new_page(
         Found::Own(_) => false,
         Found::Below(_) => write,
         Found::Zero => true,
-        // The caller reads the file's page in first (or gives up).
-        Found::Uncached => return Err(Lack::Io),
+        // The caller reads the file's (or swap's) page in first (or gives up).
+        Found::Uncached | Found::Swapped { .. } => return Err(Lack::Io),
     };
     if !needed || !may_allocate(ctx, vma, fault) || !vma.prot.allows(fault.access) {
         return Ok(None);
     }
     let o = object.expect("allocating faults have an object");
-    o.reserve(frames, pindex).map_err(|_| Lack::Index)?;
-    let mut frame = frames.alloc().ok_or(Lack::Frame)?;
+    crate::reclaim::retrying(ctx, frames, || o.reserve(frames, pindex).ok()).ok_or(Lack::Index)?;
+    let mut frame = crate::reclaim::alloc_or_wait(ctx, frames).ok_or(Lack::Frame)?;
     match found {
         Found::Below(src) => frames.phys().copy_into(&mut frame, src),
         _ => frames.phys().zero(&mut frame),
@@ -166,7 +178,7 @@ pub(super) fn split(found: Found) -> (Option<Pfn>, Option<Pfn>) {
     match found {
         Found::Own(p) => (Some(p), None),
         Found::Below(p) => (None, Some(p)),
-        Found::Zero | Found::Uncached => (None, None),
+        Found::Zero | Found::Uncached | Found::Swapped { .. } => (None, None),
     }
 }
 
@@ -227,6 +239,8 @@ pub(super) fn commit_locked(
                 Ok(Insert::Ours(p)) if c.below.is_some() => (p, Resolved::Copied),
                 Ok(Insert::Ours(p)) => (p, Resolved::ZeroFill),
                 Ok(Insert::Theirs(p)) => (p, Resolved::Mapped),
+                // Paged out since the lookup: read it in again.
+                Ok(Insert::Swapped) => return Ok(Resolved::Retry),
                 Err((_, frame)) => {
                     frames.free_owned(frame);
                     ctx.count(Counter::fault_nomem);
@@ -243,6 +257,13 @@ pub(super) fn commit_locked(
             None => (phys.zero_pfn(), Resolved::ZeroPage),
         },
     };
+    // A page the daemon is paging out (or a removal of every mapping is
+    // unmapping) is not mapped again: it may be gone once the section
+    // ends. The daemon set `BLOCKED` before it took this PTE lock to clear
+    // the PTEs, so either we see it here or our PTE is cleared after us.
+    if pfn != phys.zero_pfn() && phys.page(pfn).refs.is_blocked() {
+        return Ok(Resolved::Retry);
+    }
     let exec = vma.prot.contains(Prot::EXEC);
     // A shared file page is mapped writable only by a write fault, which
     // marks it dirty: the first store after a write-back must fault.

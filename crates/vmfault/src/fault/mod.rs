@@ -105,7 +105,8 @@ pub(crate) enum Abort {
     PmdChanged,
     /// No frame without draining other vCPUs' caches (needs a grace period).
     NoMem,
-    /// A file's page must be read in (I/O, not inside a section).
+    /// A file's page, or a page in swap, must be read in (I/O, not inside
+    /// a section).
     Io,
 }
 

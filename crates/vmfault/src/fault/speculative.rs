@@ -57,7 +57,7 @@ pub(super) fn fault(ctx: &Ctx<'_>, space: &Space, fault: Fault, f: &mut impl FnM
     // it, retires the VMAs first, so the re-check below catches a walk it
     // raced with.
     let found = object.map_or(Found::Zero, |o| o.find(pindex, &section));
-    if found == Found::Uncached {
+    if matches!(found, Found::Uncached | Found::Swapped { .. }) {
         return Err(Abort::Io);
     }
     let (existing, below) = anon::split(found);

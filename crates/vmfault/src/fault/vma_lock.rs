@@ -53,7 +53,7 @@ pub(super) fn fault(
     // their pins waited for.
     let pindex = vma.pindex(fault.addr);
     let found = object.map_or(Found::Zero, |o| o.find(pindex, &pin));
-    if found == Found::Uncached {
+    if matches!(found, Found::Uncached | Found::Swapped { .. }) {
         return Err(Abort::Io);
     }
     let fresh = anon::new_page(ctx, &frames, vma, object, pindex, found, &fault).map_err(|_| Abort::NoMem)?;

@@ -180,7 +180,8 @@ impl Object {
                 ctx.count(crate::stats::Counter::file_fills);
                 Ok(())
             }
-            Ok(Insert::Theirs(_)) => Ok(()),
+            // A file object's pages never go to swap.
+            Ok(Insert::Theirs(_) | Insert::Swapped) => Ok(()),
             Err((_, frame)) => {
                 frames.free_owned(frame);
                 Err(nomem("an object's page-index node"))

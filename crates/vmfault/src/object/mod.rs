@@ -36,19 +36,25 @@
 //! file's page still shows through it, as Linux re-reads the file.
 //! A file object's entries carry `DIRTY` once a shared mapping may have
 //! written the page (`file.rs`).
+//!
+//! An anonymous object's entry may instead name a *swap slot* (`SWAP`,
+//! `slot << 12`): the page daemon wrote the page there and freed its frame
+//! (`reclaim`); a fault reads it back in (`swap.rs`). Whoever takes such an
+//! entry out of the index frees the slot.
 
 #![deny(unsafe_code)]
 
 mod file;
 mod rmap;
 mod shadow;
+mod swap;
 
 pub(crate) use file::{FileData, Files};
 pub(crate) use rmap::{BackingKey, ObjRmap, Pv, PvTable, RmapTotals};
 pub(crate) use shadow::{Absorbed, Found};
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use crate::phys::{Frames, Kind, OwnedFrame, Pfn};
 use crate::pmap::{OutOfFrames, Radix};
@@ -72,8 +78,12 @@ pub(crate) struct Object {
     shadows: AtomicU32,
     /// `[O]` the object lock: serializes collapses into this object (and
     /// out of it), which spaces sharing the level may attempt at once.
-    /// Taken top-down along a chain, inside the map lock.
+    /// Taken top-down along a chain, inside the map lock. Page-ins and the
+    /// page daemon's swap-out of a page take it too (`swap.rs`).
     lock: std::sync::Mutex<()>,
+    /// `[O]` absorbed by the object above it (`shadow.rs`): its entries
+    /// are stale copies; no page may come in or go out of it any more.
+    absorbed: AtomicBool,
     /// `[I]` made for the child side of a `fork` (or in front of such an
     /// object): Linux's anon_vma chain of such a VMA is not singular, so it
     /// neither merges with a VMA that has no object nor lends its object to
@@ -88,6 +98,7 @@ pub(crate) struct Object {
 const PRESENT: u64 = 1;
 const HOLE: u64 = 2;
 const DIRTY: u64 = 4;
+const SWAP: u64 = 8;
 
 impl Object {
     /// A new anonymous object.
@@ -117,6 +128,7 @@ impl Object {
                 backing: RcuBox::new(below),
                 shadows: AtomicU32::new(0),
                 lock: std::sync::Mutex::new(()),
+                absorbed: AtomicBool::new(false),
                 inherited,
                 file,
                 rmap: ObjRmap::default(),
@@ -174,6 +186,11 @@ impl Object {
                 frames.free_owned(phys.unpublish(pfn, Kind::Data));
                 return Ok(Insert::Theirs(Pfn((cur >> 12) as u32)));
             }
+            if cur & SWAP != 0 {
+                // Paged out since the caller looked: never lose it.
+                frames.free_owned(phys.unpublish(pfn, Kind::Data));
+                return Ok(Insert::Swapped);
+            }
             match leaf.entry.compare_exchange(cur, entry, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => return Ok(Insert::Ours(pfn)),
                 Err(now) => cur = now,
@@ -183,13 +200,14 @@ impl Object {
 
     /// Remove every page with index in `start..end`, pushing the frames
     /// that nothing wires onto `out` (a wired page is freed by its last
-    /// unwiring, `aspace/hold.rs`). The caller has unmapped them and frees
-    /// them after a grace period. Returns the number removed. Holes stay (a
+    /// unwiring, `aspace/hold.rs`) and freeing the swap slots of pages
+    /// paged out. The caller has unmapped them and frees them after a
+    /// grace period. Returns the number of frames removed. Holes stay (a
     /// shadow object's holes are made by `punch_locked`, which calls this).
     pub(crate) fn remove_range(&self, start: u64, end: u64, out: &mut Vec<Pfn>) -> u64 {
         let mut n = 0;
         self.index.for_each_present(&self.m.phys, start, end, |_, leaf| {
-            if leaf.entry.load(Ordering::Relaxed) & PRESENT == 0 {
+            if leaf.entry.load(Ordering::Relaxed) & (PRESENT | SWAP) == 0 {
                 return;
             }
             let e = leaf.entry.swap(0, Ordering::AcqRel);
@@ -197,6 +215,7 @@ impl Object {
                 self.release(Pfn((e >> 12) as u32), out);
                 n += 1;
             }
+            self.forget_slot(e);
         });
         n
     }
@@ -220,6 +239,8 @@ pub(crate) enum Insert {
     Ours(Pfn),
     /// Another vCPU inserted first; this is its page.
     Theirs(Pfn),
+    /// The page was paged out meanwhile (nothing inserted): look again.
+    Swapped,
 }
 
 impl Drop for Object {
@@ -234,8 +255,11 @@ impl Drop for Object {
         let mut frames = Vec::new();
         let mut leaves = Vec::new();
         self.index.teardown(&self.m.phys, &mut frames, &mut leaves);
-        for e in leaves.into_iter().filter(|e| e & PRESENT != 0) {
-            self.release(Pfn((e >> 12) as u32), &mut frames);
+        for e in leaves {
+            if e & PRESENT != 0 {
+                self.release(Pfn((e >> 12) as u32), &mut frames);
+            }
+            self.forget_slot(e);
         }
         // Pages may still be mapped in PTEs that a walker read before they
         // were zapped: wait out the grace period inside free_after_grace.

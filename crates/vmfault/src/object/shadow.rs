@@ -42,7 +42,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::{HOLE, Object, PRESENT};
+use super::{HOLE, Object, PRESENT, SWAP};
 use crate::phys::Pfn;
 use crate::pmap::OutOfFrames;
 use crate::sync::rcu::{RcuReadGuard, Retired};
@@ -60,6 +60,12 @@ pub(crate) enum Found {
     /// Not in the file object at the bottom of the chain: the file's page
     /// must be read in first (`file.rs`).
     Uncached,
+    /// Paged out to swap by the object `depth` levels down the chain (0:
+    /// this one): it must be read in first (`swap.rs`).
+    Swapped {
+        /// Levels below the object looked in.
+        depth: u32,
+    },
 }
 
 /// A replaced backing pointer, to reclaim after a grace period.
@@ -98,7 +104,7 @@ impl Object {
     /// entries until a grace period has passed).
     pub(crate) fn find<'a>(&'a self, pindex: u64, section: &'a RcuReadGuard<'_>) -> Found {
         let mut o = self;
-        let mut own = true;
+        let mut depth = 0;
         let mut behind_hole = false;
         loop {
             let (below, e) = o.backing.read_then(section, || o.entry(pindex));
@@ -106,7 +112,10 @@ impl Object {
             if !behind_hole || o.is_file() {
                 if e & PRESENT != 0 {
                     let pfn = Pfn((e >> 12) as u32);
-                    return if own { Found::Own(pfn) } else { Found::Below(pfn) };
+                    return if depth == 0 { Found::Own(pfn) } else { Found::Below(pfn) };
+                }
+                if e & SWAP != 0 {
+                    return Found::Swapped { depth };
                 }
                 if o.is_file() {
                     return Found::Uncached;
@@ -116,7 +125,7 @@ impl Object {
             match below {
                 Some(b) => {
                     o = b;
-                    own = false;
+                    depth += 1;
                 }
                 None => return Found::Zero,
             }
@@ -169,7 +178,7 @@ impl Object {
         }
         out.sort_unstable();
         out.dedup();
-        out.retain(|&i| matches!(below.find(i, section), Found::Own(_) | Found::Below(_)));
+        out.retain(|&i| matches!(below.find(i, section), Found::Own(_) | Found::Below(_) | Found::Swapped { .. }));
         out
     }
 
@@ -303,8 +312,14 @@ fn absorb(
                 // above was installed).
                 below.release(pfn, out);
             }
+        } else if !moved {
+            // A hidden swapped-out page: its slot goes (a moved one went
+            // up with its entry).
+            below.forget_slot(e);
         }
     }
+    // Page-ins and swap-outs (under this lock) leave it alone from now on.
+    below.absorbed.store(true, Ordering::Relaxed);
     let deeper = {
         let section = ctx.rcu_read();
         below.backing.read(&section).clone()

@@ -60,6 +60,12 @@ impl<'a> Frames<'a> {
         Frames { phys, cpu: None }
     }
 
+    /// Whether this allocator may wait (for the page daemon): it belongs
+    /// to a vCPU that is outside any read-side section.
+    pub(crate) fn may_wait(&self) -> bool {
+        self.cpu.as_ref().is_some_and(|c| !c.reader.in_section())
+    }
+
     /// The physical memory.
     pub(crate) fn phys(&self) -> &'a PhysMem {
         self.phys

@@ -2,16 +2,25 @@
 //!
 //! Each `Vm` has one daemon thread (`VmConfig::page_daemon`). It sleeps
 //! until an allocation finds the global free list below the free target
-//! (`VmConfig::free_target`), then brings the list back above it. Today
-//! that is one step: drain every vCPU's per-CPU page cache remotely
-//! (`sync::percpu`: swap in an empty magazine, wait for a grace period,
-//! take the old one), without the vCPUs' cooperation, whether they are
-//! idle, blocked or busy. Frames cached by vCPUs that stopped allocating
-//! are the memory that is free but unusable by the others; the seed's
-//! remote drain exists for exactly this caller.
+//! (`VmConfig::free_target`), then brings the list back above it:
 //!
-//! Not yet: page queues, aging, pageout to swap and to files (issue 7);
-//! the wakeup and the target are where they will plug in.
+//! 1. drain every vCPU's per-CPU page cache remotely (`sync::percpu`: swap
+//!    in an empty magazine, wait for a grace period, take the old one),
+//!    without the vCPUs' cooperation, whether they are idle, blocked or
+//!    busy. Frames cached by vCPUs that stopped allocating are memory that
+//!    is free but unusable by the others; the seed's remote drain exists
+//!    for exactly this caller;
+//! 2. with a swap file (`VmConfig::swap`), page anonymous pages out until
+//!    the list holds twice the target (`pageout.rs`, the protocol there).
+//!
+//! An allocation that finds no frame at all, on a vCPU outside any
+//! read-side section, waits for the daemon ([`alloc_or_wait`]) instead of
+//! failing, until a frame comes or a whole pass of the daemon freed
+//! nothing (then `ENOMEM`: only wired pages, or no swap slot, are left).
+//!
+//! Not yet: page queues and aging (the daemon takes pages in a rotating
+//! order over the spaces' objects, a clock without reference bits), and
+//! pageout of dirty shared-file pages to their files.
 //!
 //! # Wakeup protocol
 //!
@@ -21,31 +30,56 @@
 //! condition variable. The fast path (a hit in the vCPU's own cache)
 //! touches none of this. The daemon clears `pending` before it works, so
 //! a shortage that appears while it works wakes it again. It holds the
-//! machine only weakly and checks for its end once a second.
+//! machine only weakly and checks for its end once a second. Each pass
+//! ends with `passes` incremented and `done` notified, which waiting
+//! allocations watch.
 
 #![deny(unsafe_code)]
 
+mod pageout;
+mod swap;
+
+pub(crate) use swap::Swap;
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
-use crate::vm::Machine;
+use crate::phys::{Frames, OwnedFrame};
+use crate::stats::Counter;
+use crate::sync::rcu::RcuReader;
+use crate::vm::{Ctx, Machine};
 
-/// The daemon's doorbell, kept in `PhysMem` (the allocator rings it).
+/// The daemon's doorbell and its counters, kept in `PhysMem` (the
+/// allocator rings it). Counters are `[a]`, written by the daemon only.
 #[derive(Debug, Default)]
 pub(crate) struct Doorbell {
     /// `[a]` a wakeup is pending (set by allocators, cleared by the daemon).
     pending: AtomicBool,
     /// `[I]` whether a daemon listens (no daemon: ringing does nothing).
     enabled: AtomicBool,
-    /// The daemon sleeps here; the mutex guards nothing but the wait.
+    /// The daemon sleeps on `cond`, waiting allocations on `done`; the
+    /// mutex guards nothing but the waits.
     lock: Mutex<()>,
     cond: Condvar,
-    /// `[a]` wakeups the daemon handled (written by the daemon only).
+    done: Condvar,
+    /// `[a]` passes completed.
+    passes: AtomicU64,
+    /// `[a]` the number of the last pass that freed nothing (0: none).
+    fruitless: AtomicU64,
+    /// `[a]` wakeups the daemon handled.
     pub(crate) wakeups: AtomicU64,
-    /// `[a]` frames the daemon drained from per-CPU caches (daemon only).
+    /// `[a]` frames the daemon drained from per-CPU caches.
     pub(crate) drained: AtomicU64,
+    /// `[a]` passes over the spaces' anonymous pages.
+    pub(crate) scans: AtomicU64,
+    /// `[a]` pages written to swap and freed.
+    pub(crate) pageouts: AtomicU64,
+    /// `[a]` pageouts abandoned once the page was taken.
+    pub(crate) failures: AtomicU64,
+    /// `[a]` failed writes to the swap file.
+    pub(crate) write_errors: AtomicU64,
 }
 
 impl Doorbell {
@@ -65,13 +99,32 @@ impl Doorbell {
         }
         self.pending.swap(false, Ordering::AcqRel)
     }
+
+    /// A pass ended; `fruitless` if it freed nothing.
+    fn pass_done(&self, fruitless: bool) {
+        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let n = self.passes.fetch_add(1, Ordering::AcqRel) + 1;
+        if fruitless {
+            self.fruitless.store(n, Ordering::Release);
+        }
+        self.done.notify_all();
+    }
+
+    /// Wait until more than `seen` passes have completed, or `timeout`.
+    fn wait_pass(&self, seen: u64, timeout: Duration) {
+        let g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        if self.passes.load(Ordering::Acquire) <= seen {
+            drop(self.done.wait_timeout(g, timeout).unwrap_or_else(|p| p.into_inner()));
+        }
+    }
 }
 
-/// Start the page daemon of `m`.
-pub(crate) fn spawn_daemon(m: &Arc<Machine>) -> Result<()> {
+/// Start the page daemon of `m`, reading as `reader` (its own RCU reader).
+pub(crate) fn spawn_daemon(m: &Arc<Machine>, reader: RcuReader) -> Result<()> {
     let weak: Weak<Machine> = Arc::downgrade(m);
     let doorbell = Arc::clone(&m.phys.doorbell);
     doorbell.enabled.store(true, Ordering::Relaxed);
+    let mut clock = pageout::Clock::default();
     std::thread::Builder::new()
         .name("vmfault-pagedaemon".into())
         .spawn(move || {
@@ -81,7 +134,7 @@ pub(crate) fn spawn_daemon(m: &Arc<Machine>) -> Result<()> {
                 let Some(m) = weak.upgrade() else { return };
                 if rung {
                     doorbell.wakeups.fetch_add(1, Ordering::Relaxed);
-                    run_once(&m);
+                    run_once(&m, &reader, &mut clock);
                 }
             }
         })
@@ -89,10 +142,64 @@ pub(crate) fn spawn_daemon(m: &Arc<Machine>) -> Result<()> {
         .map_err(|e| Error::Host { call: "spawn of the page daemon", errno: e.raw_os_error().unwrap_or(0) })
 }
 
-/// One pass: below the target, drain every per-CPU cache.
-fn run_once(m: &Machine) {
-    if m.phys.global_free_frames() < m.phys.free_target() {
+/// One pass: below the target, drain every per-CPU cache, then page out.
+fn run_once(m: &Machine, reader: &RcuReader, clock: &mut pageout::Clock) {
+    let bell = &m.phys.doorbell;
+    let target = m.phys.free_target();
+    let mut freed = 0;
+    if m.phys.global_free_frames() < target {
         let n = m.phys.drain_pcpu(&m.rcu) as u64;
-        m.phys.doorbell.drained.fetch_add(n, Ordering::Relaxed);
+        bell.drained.fetch_add(n, Ordering::Relaxed);
+        freed += n;
+    }
+    if let Some(swap) = &m.swap {
+        let high = target.saturating_mul(2).max(1);
+        while m.phys.global_free_frames() < high {
+            bell.scans.fetch_add(1, Ordering::Relaxed);
+            let n = pageout::run(m, swap, reader, clock, (high - m.phys.global_free_frames()).min(64));
+            freed += n;
+            if n == 0 {
+                break;
+            }
+        }
+    }
+    bell.pass_done(freed == 0 && m.phys.global_free_frames() == 0);
+}
+
+/// Waits longer than this give up (a daemon that cannot run: `ENOMEM`).
+const MAX_WAIT: Duration = Duration::from_secs(30);
+
+/// Allocate a frame; with swap, when none is free anywhere, wait for the
+/// page daemon to free some (see [`retrying`]).
+pub(crate) fn alloc_or_wait(ctx: &Ctx<'_>, frames: &Frames<'_>) -> Option<OwnedFrame> {
+    retrying(ctx, frames, || frames.alloc())
+}
+
+/// Run `f`, an allocation of one or more frames from `frames`; with swap,
+/// while it finds none free anywhere, wait for the page daemon to free
+/// some and run it again (see the module docs). Only a vCPU outside any
+/// read-side section waits (the daemon waits for grace periods).
+pub(crate) fn retrying<T>(ctx: &Ctx<'_>, frames: &Frames<'_>, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    if let Some(t) = f() {
+        return Some(t);
+    }
+    let bell = &ctx.m.phys.doorbell;
+    if ctx.m.swap.is_none() || !frames.may_wait() || !bell.enabled.load(Ordering::Relaxed) {
+        return None;
+    }
+    ctx.count(Counter::alloc_stalls);
+    let start = bell.passes.load(Ordering::Acquire);
+    let deadline = Instant::now() + MAX_WAIT;
+    loop {
+        let seen = bell.passes.load(Ordering::Acquire);
+        bell.ring();
+        bell.wait_pass(seen, Duration::from_millis(50));
+        if let Some(t) = f() {
+            return Some(t);
+        }
+        // A pass that began after this wait did and freed nothing: give up.
+        if bell.fruitless.load(Ordering::Acquire) >= start + 2 || Instant::now() > deadline {
+            return None;
+        }
     }
 }

@@ -16,6 +16,15 @@
 //! | [`RefCount::release_objref`] | `OBJREF` | no `OBJREF` | never; says whether no wiring is left (the caller frees the page) |
 //! | [`RefCount::try_block`] | `OBJREF`, 0 wirings, not `BLOCKED` | + `BLOCKED` | a wiring exists (or another removal runs) |
 //! | [`RefCount::unblock`] | `BLOCKED` | - `BLOCKED` | never |
+//! | [`RefCount::try_isolate`] | exactly `OBJREF` | `OBJREF`, `BLOCKED`, 1 wiring | anything wires the page, or it left its object, or a removal runs |
+//!
+//! `try_isolate` is the page daemon's first step (`reclaim`): its own
+//! wiring keeps the frame from being freed under it by a racing `munmap`,
+//! and `BLOCKED` makes faults that find the page refuse to map it (they
+//! retry: `fault::anon::commit_locked`) until the daemon either gives up
+//! (`unblock`, `unwire`) or has replaced it by a swap slot and frees it:
+//! `BLOCKED` then stays set until the frame is freed after a grace period,
+//! so a fault still holding the frame number from before sees it.
 //!
 //! `try_remove_all` (a page daemon's or truncation's "unmap everywhere")
 //! sets `BLOCKED` only when nothing wires the page, removes every mapping
@@ -115,6 +124,16 @@ impl RefCount {
     /// first step of `try_remove_all`/`try_remove_write`).
     pub fn try_block(&self) -> bool {
         self.0.compare_exchange(OBJREF, OBJREF | BLOCKED, Ordering::AcqRel, Ordering::Relaxed).is_ok()
+    }
+
+    /// The page daemon takes the page: see the module docs.
+    pub fn try_isolate(&self) -> bool {
+        self.0.compare_exchange(OBJREF, OBJREF | BLOCKED | 1, Ordering::AcqRel, Ordering::Relaxed).is_ok()
+    }
+
+    /// Whether a removal of every mapping (or a pageout) is in progress.
+    pub fn is_blocked(&self) -> bool {
+        self.get() & BLOCKED != 0
     }
 
     /// Allow wirings again (the last step).

@@ -1,0 +1,126 @@
+//! Swapped-out pages in an object's index (`SWAP` entries): the object's
+//! half of pageout and page-in (the page daemon's half is `reclaim`).
+//!
+//! # Protocol
+//! An entry goes `PRESENT(frame) -> SWAP(slot)` only in
+//! [`Object::swap_out`], and `SWAP(slot) -> PRESENT(frame)` only in
+//! [`Object::page_in`], both under the object lock, both by a CAS from the
+//! value the caller expects; `munmap`, `MADV_DONTNEED` and an object's end
+//! take entries out with a swap to zero and no lock (`remove_range`), so
+//! the CAS also settles who owns the frame or the slot: the one whose
+//! atomic operation took the entry. Under the lock no other `SWAP` value
+//! can appear, so a page-in that read the slot under it and then wins its
+//! CAS installed exactly what the slot held.
+//!
+//! The lock also orders both against a collapse (`shadow.rs`), which moves
+//! the entries of an absorbed object up under the same lock and marks it
+//! `absorbed`: neither touches an absorbed object again.
+
+#![deny(unsafe_code)]
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use super::{Object, PRESENT, SWAP};
+use crate::error::{Error, Op, Result};
+use crate::phys::{Kind, Pfn};
+use crate::stats::Counter;
+use crate::sync::rcu::RcuReadGuard;
+use crate::vm::Ctx;
+
+impl Object {
+    /// The object `depth` levels down the chain from this one.
+    pub(crate) fn level(self: &Arc<Self>, depth: u32, section: &RcuReadGuard<'_>) -> Option<Arc<Object>> {
+        let mut o = self.clone();
+        for _ in 0..depth {
+            o = o.backing.read(section).clone()?;
+        }
+        Some(o)
+    }
+
+    /// Whether the daemon may page this object's pages out: anonymous
+    /// (a file's pages go back to the file, not to swap).
+    pub(crate) fn swappable(&self) -> bool {
+        !self.is_file() && !self.absorbed.load(Ordering::Relaxed)
+    }
+
+    /// Replace page `pfn` at `pindex` by swap slot `slot`; whether it was
+    /// still there. On success the caller drops the object's reference.
+    ///
+    /// The caller has written the page to the slot, with every mapping of
+    /// it removed and new ones refused (the page is `BLOCKED`), after a
+    /// grace period (no store through an old PTE in flight).
+    pub(crate) fn swap_out(&self, pindex: u64, pfn: Pfn, slot: u64) -> bool {
+        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        if self.absorbed.load(Ordering::Relaxed) {
+            return false;
+        }
+        let Some(leaf) = self.index.leaf(&self.m.phys, pindex) else { return false };
+        let want = (u64::from(pfn.0) << 12) | PRESENT;
+        leaf.entry.compare_exchange(want, (slot << 12) | SWAP, Ordering::AcqRel, Ordering::Relaxed).is_ok()
+    }
+
+    /// Read page `pindex` back from swap into the object `depth` levels down
+    /// from this one, where [`Object::find`] found its slot (unless
+    /// something else took the entry first: the caller looks again).
+    ///
+    /// Call outside any RCU section (it allocates, and it does I/O).
+    pub(crate) fn page_in(self: &Arc<Self>, ctx: &Ctx<'_>, op: Op, pindex: u64, depth: u32) -> Result<()> {
+        let Some(level) = self.level(depth, &ctx.rcu_read()) else { return Ok(()) };
+        let swap = self.m.swap.as_ref().expect("swap entries come from the swap file");
+        let frames = ctx.frames();
+        let phys = frames.phys();
+        let mut frame = crate::reclaim::alloc_or_wait(ctx, &frames)
+            .ok_or(Error::NoMemory { op, what: "a data page to read a swapped-out page into" })?;
+        let _g = level.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let leaf = level.index.leaf(phys, pindex).filter(|_| !level.absorbed.load(Ordering::Relaxed));
+        let e = leaf.map_or(0, |l| l.entry.load(Ordering::Acquire));
+        let Some(leaf) = leaf.filter(|_| e & SWAP != 0) else {
+            frames.free_owned(frame);
+            return Ok(());
+        };
+        let slot = e >> 12;
+        if let Err(err) = swap.read(slot, phys.owned_bytes(&mut frame)) {
+            frames.free_owned(frame);
+            return Err(err);
+        }
+        let desc = phys.page(frame.pfn());
+        desc.object.store(level.id, Ordering::Relaxed);
+        desc.pindex.store(pindex, Ordering::Relaxed);
+        desc.refs.set_objref();
+        let pfn = phys.publish(frame, Kind::Data);
+        // Release: the contents are visible to whoever finds the page.
+        let new = (u64::from(pfn.0) << 12) | PRESENT;
+        if leaf.entry.compare_exchange(e, new, Ordering::AcqRel, Ordering::Relaxed).is_err() {
+            // Removed meanwhile (munmap): that took the slot too.
+            frames.free_owned(phys.unpublish(pfn, Kind::Data));
+            return Ok(());
+        }
+        swap.free(slot);
+        ctx.count(Counter::pageins);
+        Ok(())
+    }
+
+    /// Call `f(pindex, frame)` for each resident page of this object that
+    /// nothing wires (a snapshot: the page daemon's candidates).
+    pub(crate) fn for_each_unwired(&self, mut f: impl FnMut(u64, Pfn)) {
+        let phys = &self.m.phys;
+        self.index.for_each_present(phys, 0, u64::MAX, |i, leaf| {
+            let e = leaf.entry.load(Ordering::Relaxed);
+            if e & PRESENT != 0 {
+                let pfn = Pfn((e >> 12) as u32);
+                if phys.page(pfn).refs.get() == crate::sync::refcount::OBJREF {
+                    f(i, pfn);
+                }
+            }
+        });
+    }
+
+    /// Free the swap slot named by entry `e`, if it names one (the caller
+    /// took the entry out of an index).
+    pub(super) fn forget_slot(&self, e: u64) {
+        if e & SWAP != 0 {
+            self.m.swap.as_ref().expect("swap entries come from the swap file").free(e >> 12);
+        }
+    }
+}

@@ -1,0 +1,210 @@
+//! Swap (issue 7): the page daemon pages anonymous memory out to a swap
+//! file when physical memory runs low, faults read it back.
+
+use std::sync::Arc;
+
+use vmfault::{AddressSpace, Error, FaultPath, MapFlags, Prot, Vm, VmConfig};
+
+const P: u64 = 4096;
+const RW: Prot = Prot::READ.union(Prot::WRITE);
+const PA: MapFlags = MapFlags::PRIVATE.union(MapFlags::ANONYMOUS);
+
+fn swap_vm(name: &str, phys_pages: u64, cpus: usize, f: impl FnOnce(&mut VmConfig)) -> Vm {
+    let path = std::env::temp_dir().join(format!("vmfault-test-{name}-{}.swap", std::process::id()));
+    let mut c = VmConfig { phys_bytes: phys_pages * P, cpus, prefault: false, swap: Some(path), ..VmConfig::default() };
+    f(&mut c);
+    Vm::new(c).unwrap()
+}
+
+/// The pattern of page `page` (of tag `tag`): every 8-byte word differs.
+fn pattern(tag: u64, page: u64) -> Vec<u8> {
+    (0..P / 8).flat_map(|w| (tag.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (page << 20) ^ w).to_le_bytes()).collect()
+}
+
+fn check(space: &AddressSpace, base: u64, tag: u64, page: u64) {
+    let mut buf = vec![0u8; P as usize];
+    space.read(base + page * P, &mut buf).unwrap();
+    assert!(buf == pattern(tag, page), "page {page} of {tag:#x} lost its contents");
+}
+
+/// A tiny xorshift for a reproducible random order.
+fn shuffled(n: u64, seed: u64) -> Vec<u64> {
+    let mut v: Vec<u64> = (0..n).collect();
+    let mut x = seed | 1;
+    for i in (1..v.len()).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    v
+}
+
+/// The issue's over-commit test: a working set twice physical memory,
+/// written with a pattern by several vCPUs and read back in random order.
+fn over_commit(path: FaultPath) {
+    const PHYS: u64 = 1024;
+    const THREADS: u64 = 3;
+    const WIRED: u64 = 16;
+    let vm = swap_vm(path.name(), PHYS, THREADS as usize + 1, |c| c.fault_path = path);
+    let free_at_start = vm.stats().free_pages;
+    let space = vm.new_space().unwrap();
+    let _cpu = vm.attach().unwrap();
+    // A wired range first: it must stay resident throughout.
+    let wired = space.mmap(0, WIRED * P, RW, PA).unwrap();
+    for p in 0..WIRED {
+        space.write(wired + p * P, &pattern(1, p)).unwrap();
+    }
+    space.mlock(wired, WIRED * P).unwrap();
+    let pages = 2 * PHYS;
+    let base = space.mmap(0, pages * P, RW, PA).unwrap();
+    // Write, then read back, on several vCPUs (joined in between, so that
+    // a failure in one shows instead of leaving the others waiting).
+    let on_workers = |read: bool| {
+        let workers: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (vm, space) = (vm.clone(), space.clone());
+                std::thread::spawn(move || {
+                    let _cpu = vm.attach().unwrap();
+                    if read {
+                        for p in shuffled(pages, t + 7) {
+                            check(&space, base, 2, p);
+                        }
+                    } else {
+                        for p in (t..pages).step_by(THREADS as usize) {
+                            space.write(base + p * P, &pattern(2, p)).unwrap();
+                        }
+                    }
+                })
+            })
+            .collect::<Vec<_>>();
+        for w in workers {
+            w.join().unwrap();
+        }
+    };
+    on_workers(false);
+    on_workers(true);
+    let s = vm.stats();
+    assert!(s.pageouts >= PHYS / 2, "{path:?}: memory was over-committed twice: {s:?}");
+    assert!(s.pageins > 0, "{path:?}: {s:?}");
+    assert!(s.swap_used_pages > 0, "{path:?}: {s:?}");
+    // The wired pages never left: reading them pages nothing in.
+    for p in 0..WIRED {
+        check(&space, wired, 1, p);
+    }
+    let after = vm.stats();
+    assert_eq!(after.pageins, s.pageins, "{path:?}: a wired page had been paged out");
+    assert!(after.wired_pages >= WIRED, "{path:?}: {after:?}");
+    // Every page once more, in order, from one vCPU.
+    for p in 0..pages {
+        check(&space, base, 2, p);
+    }
+    space.munmap(base, pages * P).unwrap();
+    space.munmap(wired, WIRED * P).unwrap();
+    drop(space);
+    // A daemon pass still running holds the pages it took: let it end.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let end = loop {
+        let end = vm.stats();
+        if end.free_pages == free_at_start || std::time::Instant::now() > deadline {
+            break end;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    assert_eq!(end.swap_used_pages, 0, "{path:?}: every slot freed: {end:?}");
+    assert_eq!(end.free_pages, free_at_start, "{path:?}: every frame back: {end:?}");
+    assert_eq!(end.data_pages, 0, "{path:?}: {end:?}");
+}
+
+#[test]
+fn over_commit_twice_physical_memory_loses_nothing() {
+    over_commit(FaultPath::Speculative);
+}
+
+#[test]
+fn over_commit_on_the_classic_and_per_vma_lock_paths() {
+    over_commit(FaultPath::MapLock);
+    over_commit(FaultPath::VmaLock);
+}
+
+/// An I/O error on the swap file leaves the page resident and intact:
+/// with every write failing, memory fills up and allocation fails with
+/// ENOMEM; nothing written is lost; once writes work, pageout resumes.
+#[test]
+fn a_failing_swap_write_loses_nothing() {
+    const PHYS: u64 = 512;
+    let vm = swap_vm("fail", PHYS, 2, |_| {});
+    let space = vm.new_space().unwrap();
+    let _cpu = vm.attach().unwrap();
+    vm.fail_swap_writes(u32::MAX);
+    let pages = 2 * PHYS;
+    let base = space.mmap(0, pages * P, RW, PA).unwrap();
+    let mut written = 0;
+    while written < pages {
+        match space.write(base + written * P, &pattern(3, written)) {
+            Ok(()) => written += 1,
+            Err(Error::NoMemory { .. }) => break,
+            Err(e) => panic!("unexpected {e}"),
+        }
+    }
+    let s = vm.stats();
+    assert!(written < PHYS, "no page could go to swap, yet {written} fit: {s:?}");
+    assert!(s.swap_write_errors > 0 && s.pageouts == 0, "{s:?}");
+    assert_eq!(s.swap_used_pages, 0, "failed slots are free again: {s:?}");
+    for p in 0..written {
+        check(&space, base, 3, p);
+    }
+    // The swap works again: the rest fits.
+    vm.fail_swap_writes(0);
+    for p in written..pages {
+        space.write(base + p * P, &pattern(3, p)).unwrap();
+    }
+    for p in shuffled(pages, 11) {
+        check(&space, base, 3, p);
+    }
+    assert!(vm.stats().pageouts > 0);
+}
+
+/// Copy-on-write across swap: pages paged out of a fork's backing object
+/// are read back into it; both sides keep their own contents.
+#[test]
+fn fork_chains_survive_pageout() {
+    const PHYS: u64 = 1024;
+    let vm = swap_vm("fork", PHYS, 2, |_| {});
+    let parent = vm.new_space().unwrap();
+    let _cpu = vm.attach().unwrap();
+    let pages = PHYS;
+    let base = parent.mmap(0, pages * P, RW, PA).unwrap();
+    for p in 0..pages {
+        parent.write(base + p * P, &pattern(4, p)).unwrap();
+    }
+    let child = Arc::new(parent.fork().unwrap());
+    // Each side rewrites half of the pages; both read everything.
+    for p in (0..pages).step_by(2) {
+        child.write(base + p * P, &pattern(5, p)).unwrap();
+    }
+    for p in (1..pages).step_by(2) {
+        parent.write(base + p * P, &pattern(6, p)).unwrap();
+    }
+    for p in shuffled(pages, 3) {
+        check(&child, base, if p % 2 == 0 { 5 } else { 4 }, p);
+        check(&parent, base, if p % 2 == 0 { 4 } else { 6 }, p);
+    }
+    let s = vm.stats();
+    assert!(s.pageouts > 0 && s.pageins > 0, "{s:?}");
+    drop(child);
+    // The next fork collapses the parent's chain (pages in swap move up).
+    let again = parent.fork().unwrap();
+    drop(again);
+    for p in shuffled(pages, 5) {
+        check(&parent, base, if p % 2 == 0 { 4 } else { 6 }, p);
+    }
+}
+
+#[test]
+fn swap_needs_the_page_daemon() {
+    let path = std::env::temp_dir().join(format!("vmfault-test-nodaemon-{}.swap", std::process::id()));
+    let e = Vm::new(VmConfig { swap: Some(path), page_daemon: false, ..VmConfig::default() }).unwrap_err();
+    assert_eq!(e.errno(), libc::EINVAL);
+    assert!(e.to_string().contains("page daemon"), "{e}");
+}
