@@ -168,8 +168,9 @@ pub struct VmConfig {
     /// 0 means 1/32 of physical memory. Default 0.
     pub free_target: u64,
     /// A swap file for anonymous pages, created (or truncated) at this
-    /// path by [`Vm::new`](crate::Vm::new) and removed when the `Vm`
-    /// goes; the page daemon pages out to it when memory runs low. Needs
+    /// path by [`Vm::new`](crate::Vm::new), or created under a unique name
+    /// if the path is a directory, and removed when the `Vm` goes; the
+    /// page daemon pages out to it when memory runs low. Needs
     /// `page_daemon`. Default none: anonymous memory is not reclaimable.
     pub swap: Option<std::path::PathBuf>,
     /// Bytes of the swap file; 0 means twice `phys_bytes`. Default 0.

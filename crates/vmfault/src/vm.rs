@@ -59,6 +59,8 @@ pub(crate) struct Machine {
     pub(crate) orphans: std::sync::Mutex<Vec<crate::phys::Pfn>>,
     /// The swap file (`VmConfig::swap`; its own lock inside).
     pub(crate) swap: Option<crate::reclaim::Swap>,
+    /// The anonymous objects, registered only with swap (locks inside).
+    pub(crate) swappable: crate::object::Swappable,
 }
 
 impl Machine {
@@ -223,6 +225,7 @@ impl Vm {
             pv,
             spaces: Default::default(),
             orphans: Default::default(),
+            swappable: crate::object::Swappable::new(swap.is_some()),
             swap,
         });
         if m.config.pcpu_drain_hz > 0 {

@@ -49,6 +49,12 @@ fn fork_differential_against_host_kernel() {
         panic!("{e}");
     }
     let forks = forks.into_inner();
-    println!("{cases} sequences with {forks} forks: no divergence from the host kernel");
+    let pageouts = common::PAGEOUTS.load(std::sync::atomic::Ordering::Relaxed);
+    let cut = common::CUT_SHORT.load(std::sync::atomic::Ordering::Relaxed);
+    println!(
+        "{cases} sequences with {forks} forks: no divergence from the host kernel \
+         (with swap: {pageouts} pageouts, {cut} sequences cut short out of memory)"
+    );
     assert!(forks >= cases as usize, "only {forks} forks ran");
+    assert!(pageouts > 0, "the small machine with swap never paged out");
 }

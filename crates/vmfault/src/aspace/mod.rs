@@ -36,7 +36,7 @@ mod mprotect;
 mod munmap;
 mod ptree;
 mod rmap;
-pub(crate) use rmap::{swappable_objects, try_unmap_everywhere};
+pub(crate) use rmap::unmap_everywhere_unlocked;
 pub(crate) mod vma;
 
 use std::ops::{Deref, DerefMut};

@@ -5,10 +5,13 @@
 //! truncation needs) and the page daemon (`reclaim`), which also finds
 //! its candidate pages through the spaces' mappings here.
 //!
-//! The page daemon never blocks on a map lock: a vCPU may hold one while
-//! it waits for the daemon to free a frame (`reclaim::alloc_or_wait`), so
-//! its walks use try-locks and give the page up when one fails, as
-//! FreeBSD's page daemon does with its object and pmap try-locks.
+//! The page daemon takes no map lock at all: a vCPU may hold one while it
+//! waits for the daemon to free a frame (`reclaim`). It walks the page
+//! tables inside a read-side section of its own instead, which keeps them
+//! allocated as it does for speculative faults (page-table pages are freed
+//! after a grace period); a table that `munmap` is pruning meanwhile has
+//! no PTE left that maps the page. Linux's rmap walks likewise take the
+//! page-table locks and no `mmap_lock`.
 //!
 //! With backing records the candidates come from the object's records and
 //! its shadows'; with pv entries, from the page's list. Either way each
@@ -42,15 +45,8 @@ fn candidates(m: &Machine, o: &Arc<Object>, pindex: u64, pfn: Pfn) -> Vec<(Arc<S
 }
 
 /// Apply `f` to every PTE that maps one of `pages` (index in `o`, frame),
-/// under its PTE lock; returns the PTEs changed. With `try_only`, gives up
-/// (`None`) at the first map lock that is taken, some PTEs maybe changed.
-fn for_each_pte(
-    m: &Machine,
-    o: &Arc<Object>,
-    pages: &[(u64, Pfn)],
-    try_only: bool,
-    mut f: impl FnMut(u64, u64, Pte) -> Pte,
-) -> Option<u64> {
+/// under its PTE lock; returns the PTEs changed.
+fn for_each_pte(m: &Machine, o: &Arc<Object>, pages: &[(u64, Pfn)], mut f: impl FnMut(u64, u64, Pte) -> Pte) -> u64 {
     let phys = &m.phys;
     let mut changed = 0;
     for &(pindex, pfn) in pages {
@@ -59,59 +55,44 @@ fn for_each_pte(
             // The space's map lock keeps its page tables from being pruned
             // and freed under the walk (no RCU section here: callers may
             // have no vCPU). Callers hold no map lock.
-            let _map = match space.map.try_read() {
-                Ok(g) => g,
-                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-                Err(std::sync::TryLockError::WouldBlock) if try_only => return None,
-                Err(std::sync::TryLockError::WouldBlock) => space.map.read().unwrap_or_else(|p| p.into_inner()),
-            };
+            let _map = space.map.read().unwrap_or_else(|p| p.into_inner());
             changed += space.pmap.update_range(phys, addr, addr + PAGE_SIZE, |a, old| {
                 if old.pfn() == pfn { f(id, a, old) } else { old }
             });
         }
     }
-    Some(changed)
+    changed
 }
 
 /// The page daemon's unmap of page `pindex` (frame `pfn`) of `o` from
-/// every space, without blocking on a map lock (`None`: one was taken;
-/// some PTEs may be cleared). The caller has isolated the page (no new
-/// mapping of it can appear) and waits for a grace period afterwards.
-pub(crate) fn try_unmap_everywhere(m: &Machine, o: &Arc<Object>, pindex: u64, pfn: Pfn) -> Option<u64> {
-    for_each_pte(m, o, &[(pindex, pfn)], true, |id, a, old| {
-        super::pte_cleared(m, id, a, old);
-        Pte::NONE
-    })
-}
-
-/// The objects whose pages may go to swap: every anonymous object that a
-/// live space maps, and the objects below them, each once. Spaces whose
-/// map lock is taken are skipped this time. Takes read-side sections of
-/// `reader` only briefly (the objects, and spaces, may be dropped by the
-/// caller: outside any section).
-pub(crate) fn swappable_objects(m: &Machine, reader: &crate::sync::rcu::RcuReader) -> Vec<Arc<Object>> {
-    let spaces: Vec<Arc<Space>> = {
-        let map = m.spaces.lock().unwrap_or_else(|p| p.into_inner());
-        let mut v: Vec<(u64, Arc<Space>)> = map.iter().filter_map(|(&id, w)| Some((id, w.upgrade()?))).collect();
-        v.sort_unstable_by_key(|&(id, _)| id);
-        v.into_iter().map(|(_, s)| s).collect()
-    };
-    let mut seen = std::collections::HashSet::new();
-    let mut out = Vec::new();
-    for space in &spaces {
-        let Ok(map) = space.map.try_read() else { continue };
-        let section = m.rcu.read_lock(reader);
-        for v in map.iter() {
-            let mut level = v.object.get().cloned();
-            while let Some(o) = level {
-                level = o.below(&section);
-                if o.swappable() && seen.insert(Arc::as_ptr(&o)) {
-                    out.push(o);
-                }
+/// every space, reading as `reader` and taking no map lock (see the module
+/// docs); returns the PTEs cleared. The caller has isolated the page (no
+/// new mapping of it can appear) and waits for a grace period afterwards.
+pub(crate) fn unmap_everywhere_unlocked(
+    m: &Machine,
+    reader: &crate::sync::rcu::RcuReader,
+    o: &Arc<Object>,
+    pindex: u64,
+    pfn: Pfn,
+) -> u64 {
+    // The spaces are dropped after the section (a space's end waits for
+    // a grace period).
+    let spaces = candidates(m, o, pindex, pfn);
+    let section = m.rcu.read_lock(reader);
+    let mut cleared = 0;
+    for (space, addr) in &spaces {
+        let id = space.id();
+        cleared += space.pmap.update_range(&m.phys, *addr, addr + PAGE_SIZE, |a, old| {
+            if old.pfn() == pfn {
+                super::pte_cleared(m, id, a, old);
+                Pte::NONE
+            } else {
+                old
             }
-        }
+        });
     }
-    out
+    drop(section);
+    cleared
 }
 
 /// Make every PTE that maps one of `pages` read-only, then wait for a grace
@@ -121,8 +102,7 @@ pub(crate) fn swappable_objects(m: &Machine, reader: &crate::sync::rcu::RcuReade
 /// have a store in flight. Returns the PTEs narrowed. Needs no vCPU context
 /// (a space being dropped calls it); the caller holds no map lock.
 pub(super) fn write_protect_everywhere(m: &Machine, o: &Arc<Object>, pages: &[(u64, Pfn)]) -> u64 {
-    let narrowed = for_each_pte(m, o, pages, false, |_, _, old| old.restricted(Prot::READ | Prot::EXEC))
-        .expect("a blocking walk finishes");
+    let narrowed = for_each_pte(m, o, pages, |_, _, old| old.restricted(Prot::READ | Prot::EXEC));
     if !pages.is_empty() {
         m.rcu.synchronize();
     }
@@ -166,11 +146,10 @@ impl AddressSpace {
             };
             let Some((o, pindex, pfn)) = found else { return Ok(0) };
             ctx.count(Counter::rmap_walks);
-            let cleared = for_each_pte(ctx.m, &o, &[(pindex, pfn)], false, |id, a, old| {
+            let cleared = for_each_pte(ctx.m, &o, &[(pindex, pfn)], |id, a, old| {
                 super::pte_cleared(ctx.m, id, a, old);
                 Pte::NONE
-            })
-            .expect("a blocking walk finishes");
+            });
             ctx.count_n(Counter::pages_unmapped, cleared);
             if cleared > 0 {
                 ctx.count(Counter::tlb_shootdowns);

@@ -64,8 +64,7 @@ pub(super) fn resolve_stable(
     let nomem = |what| Error::NoMemory { op: fault.op, what };
     let pindex = vma.pindex(fault.addr);
     let frames = ctx.frames();
-    let leaf = crate::reclaim::retrying(ctx, &frames, || space.pmap.pte_alloc(&frames, fault.addr).ok())
-        .ok_or(nomem("a page-table page"))?;
+    let leaf = space.pmap.pte_alloc(&frames, fault.addr).map_err(|_| nomem("a page-table page"))?;
 
     // Allocation and zeroing or copying (the bulk of a fault's work) come
     // before any lock, outside any section: allocating may have to drain
@@ -164,8 +163,8 @@ pub(super) fn new_page(
         return Ok(None);
     }
     let o = object.expect("allocating faults have an object");
-    crate::reclaim::retrying(ctx, frames, || o.reserve(frames, pindex).ok()).ok_or(Lack::Index)?;
-    let mut frame = crate::reclaim::alloc_or_wait(ctx, frames).ok_or(Lack::Frame)?;
+    o.reserve(frames, pindex).map_err(|_| Lack::Index)?;
+    let mut frame = frames.alloc().ok_or(Lack::Frame)?;
     match found {
         Found::Below(src) => frames.phys().copy_into(&mut frame, src),
         _ => frames.phys().zero(&mut frame),
@@ -261,8 +260,12 @@ pub(super) fn commit_locked(
     // unmapping) is not mapped again: it may be gone once the section
     // ends. The daemon set `BLOCKED` before it took this PTE lock to clear
     // the PTEs, so either we see it here or our PTE is cleared after us.
-    if pfn != phys.zero_pfn() && phys.page(pfn).refs.is_blocked() {
-        return Ok(Resolved::Retry);
+    if pfn != phys.zero_pfn() {
+        let page = phys.page(pfn);
+        if page.refs.is_blocked() {
+            return Ok(Resolved::Retry);
+        }
+        page.touch();
     }
     let exec = vma.prot.contains(Prot::EXEC);
     // A shared file page is mapped writable only by a write fault, which

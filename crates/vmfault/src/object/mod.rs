@@ -52,6 +52,7 @@ mod swap;
 pub(crate) use file::{FileData, Files};
 pub(crate) use rmap::{BackingKey, ObjRmap, Pv, PvTable, RmapTotals};
 pub(crate) use shadow::{Absorbed, Found};
+pub(crate) use swap::Swappable;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -121,8 +122,12 @@ impl Object {
             if let Some(b) = &below {
                 b.rmap.add_shadow(m, me.clone());
             }
+            let id = ctx.new_object_id();
+            if file.is_none() {
+                m.swappable.add(id, me.clone());
+            }
             Object {
-                id: ctx.new_object_id(),
+                id,
                 index,
                 m: m.clone(),
                 backing: RcuBox::new(below),
@@ -247,6 +252,8 @@ impl Drop for Object {
     fn drop(&mut self) {
         if self.file.is_some() {
             self.drop_file();
+        } else {
+            self.m.swappable.remove(self.id);
         }
         self.rmap.clear(&self.m);
         if let Some(b) = self.backing.get_mut().take() {

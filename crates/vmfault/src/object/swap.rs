@@ -14,12 +14,23 @@
 //!
 //! The lock also orders both against a collapse (`shadow.rs`), which moves
 //! the entries of an absorbed object up under the same lock and marks it
-//! `absorbed`: neither touches an absorbed object again.
+//! `absorbed`: neither touches an absorbed object again. The page daemon
+//! only tries the lock: a collapse may hold it while it allocates, and so
+//! waits for the daemon.
+//!
+//! # Finding the pages
+//! With swap configured, every anonymous object registers in
+//! [`Swappable`] for its life: the page daemon takes its candidates from
+//! there, so it needs no space's map lock (a vCPU may hold one while it
+//! waits for the daemon to free a frame). The registry is sharded by
+//! object id; objects are made and dropped at `mmap`/`fork` rate, not per
+//! fault, and without swap nothing registers.
 
 #![deny(unsafe_code)]
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, Weak};
 
 use super::{Object, PRESENT, SWAP};
 use crate::error::{Error, Op, Result};
@@ -27,6 +38,53 @@ use crate::phys::{Kind, Pfn};
 use crate::stats::Counter;
 use crate::sync::rcu::RcuReadGuard;
 use crate::vm::Ctx;
+
+/// The anonymous objects of a `Vm` with swap (see the module docs).
+#[derive(Debug, Default)]
+pub(crate) struct Swappable {
+    /// `[I]` whether objects register (swap is configured).
+    enabled: bool,
+    /// By object id, sharded by its low bits (each shard its own lock,
+    /// innermost).
+    shards: [Mutex<HashMap<u64, Weak<Object>>>; 16],
+}
+
+impl Swappable {
+    /// A registry; `enabled` when the `Vm` has swap.
+    pub(crate) fn new(enabled: bool) -> Swappable {
+        Swappable { enabled, ..Swappable::default() }
+    }
+
+    fn shard(&self, id: u64) -> &Mutex<HashMap<u64, Weak<Object>>> {
+        &self.shards[(id % 16) as usize]
+    }
+
+    /// Register `o` (an anonymous object being made).
+    pub(super) fn add(&self, id: u64, o: Weak<Object>) {
+        if self.enabled {
+            self.shard(id).lock().unwrap_or_else(|p| p.into_inner()).insert(id, o);
+        }
+    }
+
+    /// Forget object `id` (it is being dropped).
+    pub(super) fn remove(&self, id: u64) {
+        if self.enabled {
+            self.shard(id).lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+        }
+    }
+
+    /// The live objects whose pages may go to swap, in id order. The
+    /// caller drops them outside any read-side section.
+    pub(crate) fn objects(&self) -> Vec<Arc<Object>> {
+        let mut v: Vec<Arc<Object>> = Vec::new();
+        for s in &self.shards {
+            v.extend(s.lock().unwrap_or_else(|p| p.into_inner()).values().filter_map(Weak::upgrade));
+        }
+        v.retain(|o| o.swappable());
+        v.sort_unstable_by_key(|o| o.id);
+        v
+    }
+}
 
 impl Object {
     /// The object `depth` levels down the chain from this one.
@@ -50,8 +108,13 @@ impl Object {
     /// The caller has written the page to the slot, with every mapping of
     /// it removed and new ones refused (the page is `BLOCKED`), after a
     /// grace period (no store through an old PTE in flight).
+    /// Only tries the object lock (see the module docs): `false` if taken.
     pub(crate) fn swap_out(&self, pindex: u64, pfn: Pfn, slot: u64) -> bool {
-        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _g = match self.lock.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return false,
+        };
         if self.absorbed.load(Ordering::Relaxed) {
             return false;
         }
@@ -70,8 +133,8 @@ impl Object {
         let swap = self.m.swap.as_ref().expect("swap entries come from the swap file");
         let frames = ctx.frames();
         let phys = frames.phys();
-        let mut frame = crate::reclaim::alloc_or_wait(ctx, &frames)
-            .ok_or(Error::NoMemory { op, what: "a data page to read a swapped-out page into" })?;
+        let mut frame =
+            frames.alloc().ok_or(Error::NoMemory { op, what: "a data page to read a swapped-out page into" })?;
         let _g = level.lock.lock().unwrap_or_else(|p| p.into_inner());
         let leaf = level.index.leaf(phys, pindex).filter(|_| !level.absorbed.load(Ordering::Relaxed));
         let e = leaf.map_or(0, |l| l.entry.load(Ordering::Acquire));
@@ -88,6 +151,8 @@ impl Object {
         desc.object.store(level.id, Ordering::Relaxed);
         desc.pindex.store(pindex, Ordering::Relaxed);
         desc.refs.set_objref();
+        // The fault that wants it has yet to map it: not the next victim.
+        desc.touch();
         let pfn = phys.publish(frame, Kind::Data);
         // Release: the contents are visible to whoever finds the page.
         let new = (u64::from(pfn.0) << 12) | PRESENT;

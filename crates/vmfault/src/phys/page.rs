@@ -64,6 +64,10 @@ pub(crate) struct Page {
     /// `[a]` the reference count of a `DATA` page: the object's reference
     /// and wirings (`sync::refcount`, its state table there).
     pub(crate) refs: crate::sync::refcount::RefCount,
+    /// `[a]` the page was mapped or read in since the page daemon last
+    /// looked (its second chance, `reclaim`); set by faults, cleared by
+    /// the daemon (a stale mark on a reused frame only delays its turn).
+    referenced: AtomicU32,
 }
 
 /// The budget of shared/DESIGN.md: at most 64 bytes per frame.
@@ -77,7 +81,21 @@ impl Page {
             object: AtomicU64::new(0),
             pindex: AtomicU64::new(0),
             refs: crate::sync::refcount::RefCount::new(),
+            referenced: AtomicU32::new(0),
         }
+    }
+
+    /// Mark the page referenced (a load first: no store when it is).
+    #[inline]
+    pub(crate) fn touch(&self) {
+        if self.referenced.load(Ordering::Relaxed) == 0 {
+            self.referenced.store(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the page was referenced since the last call (clears it).
+    pub(crate) fn take_referenced(&self) -> bool {
+        self.referenced.load(Ordering::Relaxed) != 0 && self.referenced.swap(0, Ordering::Relaxed) != 0
     }
 
     /// The frame's kind (a snapshot).

@@ -60,12 +60,6 @@ impl<'a> Frames<'a> {
         Frames { phys, cpu: None }
     }
 
-    /// Whether this allocator may wait (for the page daemon): it belongs
-    /// to a vCPU that is outside any read-side section.
-    pub(crate) fn may_wait(&self) -> bool {
-        self.cpu.as_ref().is_some_and(|c| !c.reader.in_section())
-    }
-
     /// The physical memory.
     pub(crate) fn phys(&self) -> &'a PhysMem {
         self.phys
@@ -96,17 +90,23 @@ impl<'a> Frames<'a> {
     }
 
     /// Allocate a frame; when no frame is free on the global list, drain
-    /// every per-CPU cache and try again (not inside a read-side section).
+    /// every per-CPU cache and try again, then, with swap, wait for the
+    /// page daemon (`reclaim`); neither inside a read-side section.
     pub(crate) fn alloc(&self) -> Option<OwnedFrame> {
         if let Some(p) = self.alloc_once() {
             return Some(OwnedFrame(Pfn(p)));
         }
-        match &self.cpu {
-            Some(cpu) if !cpu.reader.in_section() && self.phys.drain_pcpu(cpu.rcu) > 0 => {
-                self.alloc_once().map(|p| OwnedFrame(Pfn(p)))
-            }
-            _ => None,
+        let cpu = self.cpu.as_ref().filter(|c| !c.reader.in_section())?;
+        if self.phys.drain_pcpu(cpu.rcu) > 0
+            && let Some(p) = self.alloc_once()
+        {
+            return Some(OwnedFrame(Pfn(p)));
         }
+        if !self.phys.doorbell.reclaims() {
+            return None;
+        }
+        cpu.counters.inc(crate::stats::Counter::alloc_stalls);
+        self.phys.doorbell.wait_for(|| self.alloc_once()).map(|p| OwnedFrame(Pfn(p)))
     }
 
     /// Allocate a zeroed frame.

@@ -11,12 +11,17 @@
 //!    is free but unusable by the others; the seed's remote drain exists
 //!    for exactly this caller;
 //! 2. with a swap file (`VmConfig::swap`), page anonymous pages out until
-//!    the list holds twice the target (`pageout.rs`, the protocol there).
+//!    the list holds one and a half times the target (`pageout.rs`, the
+//!    protocol there), in a clock order with a second chance for pages
+//!    that faults mapped since the last look.
 //!
-//! An allocation that finds no frame at all, on a vCPU outside any
-//! read-side section, waits for the daemon ([`alloc_or_wait`]) instead of
-//! failing, until a frame comes or a whole pass of the daemon freed
-//! nothing (then `ENOMEM`: only wired pages, or no swap slot, are left).
+//! With swap, an allocation that finds no frame at all, on a vCPU outside
+//! any read-side section, waits for the daemon ([`Doorbell::wait_for`],
+//! from `Frames::alloc`) instead of failing, until a frame comes or a
+//! whole pass of the daemon freed nothing (then `ENOMEM`: only wired
+//! pages, page tables and indexes, or no swap slot, are left). So the
+//! daemon never blocks on a lock such a vCPU may hold: it takes no map
+//! lock (`aspace::rmap`) and only tries object locks (`object::swap`).
 //!
 //! Not yet: page queues and aging (the daemon takes pages in a rotating
 //! order over the spaces' objects, a clock without reference bits), and
@@ -46,10 +51,8 @@ use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
-use crate::phys::{Frames, OwnedFrame};
-use crate::stats::Counter;
 use crate::sync::rcu::RcuReader;
-use crate::vm::{Ctx, Machine};
+use crate::vm::Machine;
 
 /// The daemon's doorbell and its counters, kept in `PhysMem` (the
 /// allocator rings it). Counters are `[a]`, written by the daemon only.
@@ -59,6 +62,8 @@ pub(crate) struct Doorbell {
     pending: AtomicBool,
     /// `[I]` whether a daemon listens (no daemon: ringing does nothing).
     enabled: AtomicBool,
+    /// `[I]` whether it has swap (allocations then wait for it).
+    swap: AtomicBool,
     /// The daemon sleeps on `cond`, waiting allocations on `done`; the
     /// mutex guards nothing but the waits.
     lock: Mutex<()>,
@@ -124,6 +129,7 @@ pub(crate) fn spawn_daemon(m: &Arc<Machine>, reader: RcuReader) -> Result<()> {
     let weak: Weak<Machine> = Arc::downgrade(m);
     let doorbell = Arc::clone(&m.phys.doorbell);
     doorbell.enabled.store(true, Ordering::Relaxed);
+    doorbell.swap.store(m.swap.is_some(), Ordering::Relaxed);
     let mut clock = pageout::Clock::default();
     std::thread::Builder::new()
         .name("vmfault-pagedaemon".into())
@@ -153,14 +159,14 @@ fn run_once(m: &Machine, reader: &RcuReader, clock: &mut pageout::Clock) {
         freed += n;
     }
     if let Some(swap) = &m.swap {
-        let high = target.saturating_mul(2).max(1);
-        while m.phys.global_free_frames() < high {
+        let high = (target + target / 2).max(1);
+        // Two turns of the clock without a page freed: nothing to take.
+        let mut idle = 0;
+        while m.phys.global_free_frames() < high && idle < 2 {
             bell.scans.fetch_add(1, Ordering::Relaxed);
             let n = pageout::run(m, swap, reader, clock, (high - m.phys.global_free_frames()).min(64));
             freed += n;
-            if n == 0 {
-                break;
-            }
+            idle = if n == 0 { idle + 1 } else { 0 };
         }
     }
     bell.pass_done(freed == 0 && m.phys.global_free_frames() == 0);
@@ -169,37 +175,32 @@ fn run_once(m: &Machine, reader: &RcuReader, clock: &mut pageout::Clock) {
 /// Waits longer than this give up (a daemon that cannot run: `ENOMEM`).
 const MAX_WAIT: Duration = Duration::from_secs(30);
 
-/// Allocate a frame; with swap, when none is free anywhere, wait for the
-/// page daemon to free some (see [`retrying`]).
-pub(crate) fn alloc_or_wait(ctx: &Ctx<'_>, frames: &Frames<'_>) -> Option<OwnedFrame> {
-    retrying(ctx, frames, || frames.alloc())
-}
+impl Doorbell {
+    /// Whether allocations that find no frame wait for the daemon: it runs
+    /// and has swap to page out to.
+    #[inline]
+    pub(crate) fn reclaims(&self) -> bool {
+        self.swap.load(Ordering::Relaxed) && self.enabled.load(Ordering::Relaxed)
+    }
 
-/// Run `f`, an allocation of one or more frames from `frames`; with swap,
-/// while it finds none free anywhere, wait for the page daemon to free
-/// some and run it again (see the module docs). Only a vCPU outside any
-/// read-side section waits (the daemon waits for grace periods).
-pub(crate) fn retrying<T>(ctx: &Ctx<'_>, frames: &Frames<'_>, mut f: impl FnMut() -> Option<T>) -> Option<T> {
-    if let Some(t) = f() {
-        return Some(t);
-    }
-    let bell = &ctx.m.phys.doorbell;
-    if ctx.m.swap.is_none() || !frames.may_wait() || !bell.enabled.load(Ordering::Relaxed) {
-        return None;
-    }
-    ctx.count(Counter::alloc_stalls);
-    let start = bell.passes.load(Ordering::Acquire);
-    let deadline = Instant::now() + MAX_WAIT;
-    loop {
-        let seen = bell.passes.load(Ordering::Acquire);
-        bell.ring();
-        bell.wait_pass(seen, Duration::from_millis(50));
-        if let Some(t) = f() {
-            return Some(t);
-        }
-        // A pass that began after this wait did and freed nothing: give up.
-        if bell.fruitless.load(Ordering::Acquire) >= start + 2 || Instant::now() > deadline {
-            return None;
+    /// Run `alloc` again each time the daemon ends a pass, until it gets a
+    /// frame, or a pass that began after this wait freed nothing, or
+    /// [`MAX_WAIT`] has passed. The caller is a vCPU outside any read-side
+    /// section (the daemon waits for grace periods) that holds no PTE lock
+    /// (the daemon takes those) and no object lock it could try.
+    pub(crate) fn wait_for<T>(&self, mut alloc: impl FnMut() -> Option<T>) -> Option<T> {
+        let start = self.passes.load(Ordering::Acquire);
+        let deadline = Instant::now() + MAX_WAIT;
+        loop {
+            let seen = self.passes.load(Ordering::Acquire);
+            self.ring();
+            self.wait_pass(seen, Duration::from_millis(50));
+            if let Some(t) = alloc() {
+                return Some(t);
+            }
+            if self.fruitless.load(Ordering::Acquire) >= start + 2 || Instant::now() > deadline {
+                return None;
+            }
         }
     }
 }

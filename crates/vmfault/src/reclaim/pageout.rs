@@ -10,8 +10,8 @@
 //!    wiring keeps a racing `munmap` from freeing it afterwards; `BLOCKED`
 //!    makes `wire_mapped` fail and faults that find the page retry
 //!    (`fault::anon::commit_locked`). A wired page is never taken.
-//! 2. *Unmap* it from every space through the reverse map, with try-locks
-//!    (`aspace::try_unmap_everywhere`); a busy map lock gives the page up.
+//! 2. *Unmap* it from every space through the reverse map
+//!    (`aspace::unmap_everywhere_unlocked`: no map lock, see there).
 //! 3. *Wait for a grace period* (once per batch): no store through an old
 //!    PTE is still in flight, so the contents are final.
 //! 4. *Write* it to a free swap slot. An error gives the page up: it stays
@@ -42,7 +42,7 @@ use crate::types::PAGE_SIZE;
 use crate::vm::Machine;
 
 /// Where the next scan starts (a clock hand over the candidates, in the
-/// order `aspace::swappable_objects` and the indexes give them).
+/// order `object::Swappable` and the indexes give them).
 #[derive(Debug, Default)]
 pub(super) struct Clock {
     hand: usize,
@@ -50,7 +50,7 @@ pub(super) struct Clock {
 
 /// Page out up to `want` pages; returns the frames freed.
 pub(super) fn run(m: &Machine, swap: &Swap, reader: &RcuReader, clock: &mut Clock, want: u64) -> u64 {
-    let objects = crate::aspace::swappable_objects(m, reader);
+    let objects = m.swappable.objects();
     let mut candidates: Vec<(usize, u64, Pfn)> = Vec::new();
     for (k, o) in objects.iter().enumerate() {
         o.for_each_unwired(|i, pfn| candidates.push((k, i, pfn)));
@@ -58,14 +58,23 @@ pub(super) fn run(m: &Machine, swap: &Swap, reader: &RcuReader, clock: &mut Cloc
     if candidates.is_empty() {
         return 0;
     }
+    // At most one turn of the clock: a page skipped for its mark has it
+    // cleared, and is taken at the next turn unless a fault marks it again.
     let start = clock.hand % candidates.len();
-    let take = (want as usize).min(candidates.len());
-    clock.hand = start + take;
     let bell = &m.phys.doorbell;
     let mut freed = Vec::new();
     let mut isolated: Vec<(&Arc<Object>, u64, Pfn)> = Vec::new();
-    for &(k, pindex, pfn) in candidates.iter().cycle().skip(start).take(take) {
+    let mut visited = 0;
+    for &(k, pindex, pfn) in candidates.iter().cycle().skip(start).take(candidates.len()) {
+        if isolated.len() as u64 >= want {
+            break;
+        }
+        visited += 1;
         let o = &objects[k];
+        // Second chance: a page mapped or read in since the last look stays.
+        if m.phys.page(pfn).take_referenced() {
+            continue;
+        }
         let taken = {
             let _section = m.rcu.read_lock(reader);
             o.holds(pindex, pfn) && m.phys.page(pfn).refs.try_isolate()
@@ -73,12 +82,10 @@ pub(super) fn run(m: &Machine, swap: &Swap, reader: &RcuReader, clock: &mut Cloc
         if !taken {
             continue;
         }
-        if crate::aspace::try_unmap_everywhere(m, o, pindex, pfn).is_none() {
-            give_up(m, pfn, &mut freed);
-            continue;
-        }
+        crate::aspace::unmap_everywhere_unlocked(m, reader, o, pindex, pfn);
         isolated.push((o, pindex, pfn));
     }
+    clock.hand = start + visited;
     if !isolated.is_empty() {
         m.rcu.synchronize();
     }

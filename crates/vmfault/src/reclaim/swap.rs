@@ -44,8 +44,17 @@ fn host(call: &'static str, e: &std::io::Error) -> Error {
 }
 
 impl Swap {
-    /// Create (or truncate) the file at `path` and size it to `bytes`.
+    /// Create (or truncate) the file at `path`, or a new file of a unique
+    /// name if `path` is a directory, and size it to `bytes`.
     pub(crate) fn create(path: &Path, bytes: u64) -> Result<Swap> {
+        static SERIAL: AtomicU64 = AtomicU64::new(0);
+        let path = if path.is_dir() {
+            let n = SERIAL.fetch_add(1, Ordering::Relaxed);
+            path.join(format!("vmfault-{}-{n}.swap", std::process::id()))
+        } else {
+            path.to_path_buf()
+        };
+        let path = path.as_path();
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
