@@ -82,6 +82,8 @@ fn counter_delta(before: &Option<Stats>, after: &Option<Stats>) -> BTreeMap<Stri
         "global_lock_acquisitions",
         "pcp_remote_drains",
         "pcp_pages_drained",
+        "pageouts",
+        "reclaim_scans",
     ]);
     names.map(|n| (n.to_string(), a.get(n).unwrap_or(0) - b.get(n).unwrap_or(0))).collect()
 }

@@ -118,6 +118,7 @@ pub(crate) fn render(results: &Results, plan: &Plan) -> String {
     }
     out.push_str(&aborts(results));
     out.push_str(&shared64(results));
+    out.push_str(&swap(results));
     if !results.comparisons.is_empty() {
         let _ = writeln!(out, "\ncomparisons (ops/s of b over a, round by round: median [min, max]):");
         let mut lines = vec![["workload", "thr", "knob", "a", "b", "ratio", "[min, max]"].map(String::from).to_vec()];
@@ -154,6 +155,45 @@ fn aborts(results: &Results) -> String {
         lines.push(l);
     }
     format!("\nlockless faults that fell back to the map lock, per 1000 faults, by reason:\n{}", columns(&lines))
+}
+
+/// Swap traffic of the rows that paged out (a working set over physical
+/// memory with `--set swap=DIR`): medians over the rounds.
+fn swap(results: &Results) -> String {
+    let c = |rr: &vmfault_bench::RoundResult, k: &str| rr.counters.get(k).copied().unwrap_or(0) as f64;
+    let rows: Vec<&Row> = results.rows.iter().filter(|r| r.rounds.iter().any(|rr| c(rr, "pageouts") > 0.0)).collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let mut lines = vec![
+        ["workload", "system", "thr", "pageouts/s", "pageins/s", "swap MB/s", "stalls/1000 flt"]
+            .map(String::from)
+            .to_vec(),
+    ];
+    for r in rows {
+        let per_sec = |k: &str| median(r.rounds.iter().map(|rr| c(rr, k) / rr.seconds).collect());
+        let io = per_sec("pageouts") + per_sec("pageins");
+        let stalls = median(r.rounds.iter().map(|rr| c(rr, "alloc_stalls") * 1e3 / rr.faults.max(1) as f64).collect());
+        lines.push(vec![
+            r.workload.name().into(),
+            system(r),
+            r.threads.to_string(),
+            format!("{:.0}", per_sec("pageouts")),
+            format!("{:.0}", per_sec("pageins")),
+            format!("{:.0}", io * 4096.0 / 1e6),
+            format!("{stalls:.2}"),
+        ]);
+    }
+    format!(
+        "
+swap traffic (medians of the rounds; stalls: allocations that waited for the page daemon):
+{}",
+        columns(&lines)
+    )
 }
 
 /// shared64's reverse-map figures: medians over the rounds of what one
