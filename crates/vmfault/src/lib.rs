@@ -47,14 +47,22 @@
 //! │   └── PTE lock [P]
 //! └── anon lock                       (creation of private anonymous objects)
 //!     └── object lock [O]             (a shadow-chain collapse: the absorbing level's, then
-//!         │                            the absorbed one's; under the map lock, top-down)
-//!         └── page busy               (reserved: I/O on a page)
-//!             └── PTE lock [P]        (one word per page-table page; speculative
-//!                 │                    faults only try-lock it, holding nothing else)
-//!                 ├── page lock           (refcount=pagelock only: one of 256 hashed words,
-//!                 │                        held around a wiring change, nothing inside)
-//!                 └── free-list lock [F]
+//!         │                            the absorbed one's; under the map lock, top-down;
+//!         │                            a page-in, around its read of the swap slot)
+//!         └── PTE lock [P]            (one word per page-table page; speculative
+//!             │                        faults only try-lock it, holding nothing else)
+//!             ├── page lock           (refcount=pagelock only: one of 256 hashed words,
+//!             │                        held around a wiring change, nothing inside)
+//!             └── free-list lock [F]
 //! ```
+//!
+//! The page daemon (`reclaim`) holds none of these across another: it
+//! takes no map lock, only tries object locks, and takes PTE locks one at
+//! a time inside an RCU section of its own. So a vCPU that finds no frame
+//! may wait for it (`Frames::alloc`, with swap) holding a map lock or an
+//! object lock, but never a PTE lock or inside a section. The daemon's
+//! doorbell mutex, the swap slot mutex and the shards of the anonymous
+//! object registry are leaves.
 //!
 //! RCU read-side sections are not locks but obey one rule: nothing inside a
 //! section waits for a lock that anyone holds while calling `synchronize()`
