@@ -206,20 +206,20 @@ fn the_page_daemon_drains_idle_caches_when_memory_runs_low() {
         space.write(big + touched * P, &[2]).unwrap();
         touched += 1;
     }
-    // This vCPU stops allocating too: its cache is drained like the others.
+    // The hoarders never run again: only the daemon can take their frames.
+    // (This vCPU may have refilled its own cache after a drain, if the
+    // drain brought the list back above the target before the loop ended.)
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let after = loop {
         let s = vm.stats();
-        if s.daemon_pages_drained > 0 && s.pcp_pages == 0 {
+        if s.daemon_pages_drained >= 4 * 48 && s.global_free_pages >= TARGET {
             break s;
         }
         assert!(std::time::Instant::now() < deadline, "the daemon did not drain the caches: {s:?}");
         std::thread::sleep(Duration::from_millis(10));
     };
     assert!(after.daemon_wakeups > 0, "{after:?}");
-    assert!(after.daemon_pages_drained >= 4 * 48, "every hoarder's cache was drained: {after:?}");
-    assert_eq!(after.global_free_pages, after.free_pages, "every free frame is on the global list: {after:?}");
-    assert!(after.global_free_pages >= TARGET, "the drain brought the list back above the target: {after:?}");
+    assert!(after.pcp_pages <= 64, "only this vCPU's cache may hold frames: {after:?}");
     for p in 0..touched {
         let mut b = [0];
         space.read(big + p * P, &mut b).unwrap();
