@@ -165,10 +165,6 @@ fn swap(results: &Results) -> String {
     if rows.is_empty() {
         return String::new();
     }
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
     let mut lines = vec![
         ["workload", "system", "thr", "pageouts/s", "pageins/s", "swap MB/s", "stalls/1000 flt"]
             .map(String::from)
@@ -189,11 +185,15 @@ fn swap(results: &Results) -> String {
         ]);
     }
     format!(
-        "
-swap traffic (medians of the rounds; stalls: allocations that waited for the page daemon):
-{}",
+        "\nswap traffic (medians of the rounds; stalls: allocations that waited for the page daemon):\n{}",
         columns(&lines)
     )
+}
+
+/// The median of a non-empty list (the upper one of an even count).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 /// shared64's reverse-map figures: medians over the rounds of what one
@@ -204,10 +204,6 @@ fn shared64(results: &Results) -> String {
     if rows.is_empty() {
         return String::new();
     }
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
     let mut lines = vec![
         ["workload", "system", "thr", "rmap bytes", "pv entries", "backing records", "forks/s", "unmap all (ms)"]
             .map(String::from)
