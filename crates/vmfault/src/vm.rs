@@ -197,6 +197,7 @@ impl Vm {
             &rcu,
             config.pcp(),
             config.refcount == crate::config::Refcount::PageLock,
+            config.swap.is_some(),
         )?;
         if config.free_target > 0 {
             phys.set_free_target(config.free_target);
@@ -326,6 +327,9 @@ impl Vm {
             swap_write_errors: phys.doorbell.write_errors.load(std::sync::atomic::Ordering::Relaxed),
             swap_used_pages: self.m.swap.as_ref().map_or(0, |s| s.used()),
             swap_total_pages: self.m.swap.as_ref().map_or(0, |s| s.slots()),
+            active_pages: phys.queues.as_ref().map_or(0, |q| q.lens().0),
+            inactive_pages: phys.queues.as_ref().map_or(0, |q| q.lens().1),
+            queue_lock_acquisitions: phys.queues.as_ref().map_or(0, |q| q.acquisitions()),
             cpus_attached: (0..self.m.cpus.cpus()).filter(|&i| self.m.cpus.is_attached(i)).count() as u64,
             ..Stats::default()
         };

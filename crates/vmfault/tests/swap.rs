@@ -167,7 +167,9 @@ fn a_failing_swap_write_loses_nothing() {
     // The swap works again: the rest fits.
     vm.fail_swap_writes(0);
     for p in written..pages {
-        space.write(base + p * P, &pattern(3, p)).unwrap();
+        if let Err(e) = space.write(base + p * P, &pattern(3, p)) {
+            panic!("page {p} of {pages}: {e}: {:?}", vm.stats());
+        }
     }
     for p in shuffled(pages, 11) {
         check(&space, base, 3, p);
@@ -208,6 +210,43 @@ fn fork_chains_survive_pageout() {
     drop(again);
     for p in shuffled(pages, 5) {
         check(&parent, base, if p % 2 == 0 { 4 } else { 6 }, p);
+    }
+}
+
+/// Aging by reference marks: a small hot set, read between writes of a
+/// cold stream six times the size of memory, stays resident (the page
+/// queues keep referenced pages active). The first time memory runs out,
+/// every page carries the mark of its fault, so the daemon's first sweep
+/// clears them all and the oldest, the hot set among them, may go out
+/// once: up to `HOT` page-ins. FIFO order would page each hot page out once
+/// per pass of the stream over memory, 6 to 7 times.
+#[test]
+#[cfg_attr(vmfault_mutation = "queues_no_aging", should_panic(expected = "hot pages were paged out"))]
+fn hot_pages_stay_resident_while_a_cold_stream_pages_out() {
+    const PHYS: u64 = 512;
+    const HOT: u64 = 64;
+    let vm = swap_vm("hot", PHYS, 2, |c| c.swap_bytes = 8 * PHYS * P);
+    let space = vm.new_space().unwrap();
+    let _cpu = vm.attach().unwrap();
+    let hot = space.mmap(0, HOT * P, RW, PA).unwrap();
+    for p in 0..HOT {
+        space.write(hot + p * P, &pattern(7, p)).unwrap();
+    }
+    let cold_pages = 6 * PHYS;
+    let cold = space.mmap(0, cold_pages * P, RW, PA).unwrap();
+    for c in 0..cold_pages {
+        space.write(cold + c * P, &pattern(8, c)).unwrap();
+        if c % 16 == 15 {
+            for p in 0..HOT {
+                check(&space, hot, 7, p);
+            }
+        }
+    }
+    let s = vm.stats();
+    assert!(s.pageouts >= cold_pages - PHYS, "the stream went out: {s:?}");
+    assert!(s.pageins <= 2 * HOT, "hot pages were paged out and back {} times: {s:?}", s.pageins);
+    for c in shuffled(cold_pages, 9).into_iter().take(64) {
+        check(&space, cold, 8, c);
     }
 }
 

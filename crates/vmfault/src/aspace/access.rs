@@ -92,6 +92,11 @@ impl Space {
                 let _rcu = ctx.rcu_read();
                 match self.pmap.translate(phys, a, access) {
                     Some(pfn) => {
+                        if phys.queues.is_some() {
+                            // The accessed bit a real MMU would set: the
+                            // page daemon's reference mark (`phys::queues`).
+                            phys.page(pfn).touch();
+                        }
                         copy(pfn, off, done, n);
                         true
                     }

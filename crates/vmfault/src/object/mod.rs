@@ -57,7 +57,7 @@ pub(crate) use swap::Swappable;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
-use crate::phys::{Frames, Kind, OwnedFrame, Pfn};
+use crate::phys::{Frames, Kind, OwnedFrame, PageQueues, Pfn, Queue};
 use crate::pmap::{OutOfFrames, Radix};
 use crate::sync::rcu::RcuBox;
 use crate::vm::{Ctx, Machine};
@@ -180,6 +180,10 @@ impl Object {
         desc.object.store(self.id, Ordering::Relaxed);
         desc.pindex.store(pindex, Ordering::Relaxed);
         desc.refs.set_objref();
+        let queued = phys.queues.is_some() && !self.is_file();
+        if queued {
+            PageQueues::mark(desc, Queue::Active);
+        }
         let pfn = phys.publish(page, Kind::Data);
         let entry = (u64::from(pfn.0) << 12) | PRESENT;
         // Release: the page's contents (zeroed or copied while it was an
@@ -197,7 +201,12 @@ impl Object {
                 return Ok(Insert::Swapped);
             }
             match leaf.entry.compare_exchange(cur, entry, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => return Ok(Insert::Ours(pfn)),
+                Ok(_) => {
+                    if queued {
+                        frames.enqueue(pfn);
+                    }
+                    return Ok(Insert::Ours(pfn));
+                }
                 Err(now) => cur = now,
             }
         }

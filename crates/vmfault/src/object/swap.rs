@@ -19,12 +19,13 @@
 //! waits for the daemon.
 //!
 //! # Finding the pages
-//! With swap configured, every anonymous object registers in
-//! [`Swappable`] for its life: the page daemon takes its candidates from
-//! there, so it needs no space's map lock (a vCPU may hold one while it
-//! waits for the daemon to free a frame). The registry is sharded by
-//! object id; objects are made and dropped at `mmap`/`fork` rate, not per
-//! fault, and without swap nothing registers.
+//! The page daemon takes its candidates from the page queues
+//! (`phys::queues`) and finds each one's object by the owner id in its
+//! descriptor: with swap configured, every anonymous object registers in
+//! [`Swappable`] for its life, so the daemon needs no space's map lock (a
+//! vCPU may hold one while it waits for the daemon to free a frame). The
+//! registry is sharded by object id; objects are made and dropped at
+//! `mmap`/`fork` rate, not per fault, and without swap nothing registers.
 
 #![deny(unsafe_code)]
 
@@ -34,7 +35,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use super::{Object, PRESENT, SWAP};
 use crate::error::{Error, Op, Result};
-use crate::phys::{Kind, Pfn};
+use crate::phys::{Kind, PageQueues, Pfn, Queue};
 use crate::stats::Counter;
 use crate::sync::rcu::RcuReadGuard;
 use crate::vm::Ctx;
@@ -73,16 +74,12 @@ impl Swappable {
         }
     }
 
-    /// The live objects whose pages may go to swap, in id order. The
-    /// caller drops them outside any read-side section.
-    pub(crate) fn objects(&self) -> Vec<Arc<Object>> {
-        let mut v: Vec<Arc<Object>> = Vec::new();
-        for s in &self.shards {
-            v.extend(s.lock().unwrap_or_else(|p| p.into_inner()).values().filter_map(Weak::upgrade));
-        }
-        v.retain(|o| o.swappable());
-        v.sort_unstable_by_key(|o| o.id);
-        v
+    /// Object `id`, if it is alive and its pages may go to swap (the page
+    /// daemon names it by a page descriptor's owner id). The caller drops
+    /// it outside any read-side section.
+    pub(crate) fn get(&self, id: u64) -> Option<Arc<Object>> {
+        let o = self.shard(id).lock().unwrap_or_else(|p| p.into_inner()).get(&id).and_then(Weak::upgrade)?;
+        o.swappable().then_some(o)
     }
 }
 
@@ -153,6 +150,7 @@ impl Object {
         desc.refs.set_objref();
         // The fault that wants it has yet to map it: not the next victim.
         desc.touch();
+        PageQueues::mark(desc, Queue::Active);
         let pfn = phys.publish(frame, Kind::Data);
         // Release: the contents are visible to whoever finds the page.
         let new = (u64::from(pfn.0) << 12) | PRESENT;
@@ -161,24 +159,10 @@ impl Object {
             frames.free_owned(phys.unpublish(pfn, Kind::Data));
             return Ok(());
         }
+        frames.enqueue(pfn);
         swap.free(slot);
         ctx.count(Counter::pageins);
         Ok(())
-    }
-
-    /// Call `f(pindex, frame)` for each resident page of this object that
-    /// nothing wires (a snapshot: the page daemon's candidates).
-    pub(crate) fn for_each_unwired(&self, mut f: impl FnMut(u64, Pfn)) {
-        let phys = &self.m.phys;
-        self.index.for_each_present(phys, 0, u64::MAX, |i, leaf| {
-            let e = leaf.entry.load(Ordering::Relaxed);
-            if e & PRESENT != 0 {
-                let pfn = Pfn((e >> 12) as u32);
-                if phys.page(pfn).refs.get() == crate::sync::refcount::OBJREF {
-                    f(i, pfn);
-                }
-            }
-        });
     }
 
     /// Free the swap slot named by entry `e`, if it names one (the caller

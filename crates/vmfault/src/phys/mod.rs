@@ -30,6 +30,7 @@ pub(crate) mod arena;
 pub(crate) mod freelist;
 pub(crate) mod page;
 pub(crate) mod pcpu;
+pub(crate) mod queues;
 pub(crate) mod wiring;
 
 use std::sync::atomic::AtomicU64 as StdAtomicU64;
@@ -39,6 +40,7 @@ use arena::Arena;
 use freelist::FreeList;
 pub(crate) use page::{Kind, Page};
 pub(crate) use pcpu::{Frames, PcpConfig};
+pub(crate) use queues::{PageQueues, Queue};
 
 use crate::error::Result;
 use crate::sync::percpu::PerCpuCache;
@@ -85,6 +87,9 @@ pub(crate) struct PhysMem {
     pub(crate) doorbell: std::sync::Arc<crate::reclaim::Doorbell>,
     /// `[I]` free frames on the global list below which the daemon runs.
     free_target: u64,
+    /// The page queues (`None` without swap: nothing to reclaim); see
+    /// `queues`.
+    pub(crate) queues: Option<PageQueues>,
 }
 
 impl std::fmt::Debug for PhysMem {
@@ -101,7 +106,15 @@ impl PhysMem {
     /// Physical memory of `frames` frames; frame 0 becomes the zero page.
     /// With a capacity in `pcp`, each reader of `rcu` gets a page cache.
     /// With `page_locks`, wirings take a hashed page lock (the baseline).
-    pub(crate) fn new(frames: u32, prefault: bool, rcu: &Rcu, pcp: PcpConfig, page_locks: bool) -> Result<PhysMem> {
+    /// With `queues`, data pages of anonymous objects go on page queues.
+    pub(crate) fn new(
+        frames: u32,
+        prefault: bool,
+        rcu: &Rcu,
+        pcp: PcpConfig,
+        page_locks: bool,
+        queues: bool,
+    ) -> Result<PhysMem> {
         let arena = Arena::new(frames, prefault)?;
         let pages: Box<[Page]> = (0..frames).map(|_| Page::new()).collect();
         // A fresh anonymous mapping reads as zeros: frame 0 is already the zero page.
@@ -119,6 +132,7 @@ impl PhysMem {
             page_locks,
             doorbell: Default::default(),
             free_target,
+            queues: queues.then(|| PageQueues::new(rcu)),
         })
     }
 
@@ -227,6 +241,7 @@ impl PhysMem {
         page.set_kind(kind, Kind::Owned);
         page.object.store(0, Ordering::Relaxed);
         page.refs.clear();
+        PageQueues::unmark(page);
         OwnedFrame(pfn)
     }
 
@@ -237,7 +252,20 @@ impl PhysMem {
             return;
         }
         rcu.synchronize();
+        self.leave_queues(frames);
         self.free.give(&self.pages, frames.iter().map(|&pfn| self.retire(pfn)));
+    }
+
+    /// Frames about to be freed leave the page queues.
+    pub(crate) fn leave_queues(&self, frames: &[Pfn]) {
+        if let Some(q) = &self.queues {
+            q.forget(&self.pages, frames);
+        }
+    }
+
+    /// Every page descriptor, by frame number.
+    pub(crate) fn pages(&self) -> &[Page] {
+        &self.pages
     }
 
     /// A published frame, unlinked everywhere and past its grace period,
@@ -318,7 +346,7 @@ mod tests {
     #[test]
     fn alloc_zero_publish_free() {
         let (rcu, _r) = Rcu::new(1);
-        let phys = PhysMem::new(32, false, &rcu, NO_PCP, false).unwrap();
+        let phys = PhysMem::new(32, false, &rcu, NO_PCP, false, false).unwrap();
         let frames = Frames::global(&phys);
         assert_eq!(phys.total_frames(), 32);
         assert_eq!(phys.global_free_frames(), 31);
@@ -348,7 +376,7 @@ mod tests {
     #[test]
     fn runs_out_cleanly() {
         let (rcu, _r) = Rcu::new(1);
-        let phys = PhysMem::new(16, false, &rcu, NO_PCP, false).unwrap();
+        let phys = PhysMem::new(16, false, &rcu, NO_PCP, false, false).unwrap();
         let frames = Frames::global(&phys);
         let mut got = Vec::new();
         while let Some(f) = frames.alloc() {
@@ -366,7 +394,7 @@ mod tests {
     fn caches_fill_drain_and_give_everything_back() {
         let (rcu, readers) = Rcu::new(2);
         let cfg = PcpConfig { capacity: 4, fill: 3, drain: 4 };
-        let phys = PhysMem::new(16, false, &rcu, cfg, false).unwrap();
+        let phys = PhysMem::new(16, false, &rcu, cfg, false, false).unwrap();
         let counters = crate::stats::CounterSet::new();
         let a = Frames::new(&phys, &rcu, &readers[0], &counters);
         let b = Frames::new(&phys, &rcu, &readers[1], &counters);

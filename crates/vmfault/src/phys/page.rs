@@ -64,10 +64,18 @@ pub(crate) struct Page {
     /// `[a]` the reference count of a `DATA` page: the object's reference
     /// and wirings (`sync::refcount`, its state table there).
     pub(crate) refs: crate::sync::refcount::RefCount,
-    /// `[a]` the page was mapped or read in since the page daemon last
-    /// looked (its second chance, `reclaim`); set by faults, cleared by
-    /// the daemon (a stale mark on a reused frame only delays its turn).
+    /// `[a]` the page was mapped, read in or accessed since the page daemon
+    /// last looked (its reference mark: `phys::queues`); set by faults and,
+    /// with queues, by the software MMU; cleared by the daemon (a stale
+    /// mark on a reused frame only delays its turn).
     referenced: AtomicU32,
+    /// `[a]` the queue-state word (`phys::queues`: the queue the page
+    /// belongs to, and `ENQUEUED`, which changes only under `[Q]`).
+    pub(crate) queue: AtomicU32,
+    /// `[Q]` the next and the previous frame on its queue (0: none).
+    pub(crate) qnext: AtomicU32,
+    /// `[Q]` see `qnext`.
+    pub(crate) qprev: AtomicU32,
 }
 
 /// The budget of shared/DESIGN.md: at most 64 bytes per frame.
@@ -82,6 +90,9 @@ impl Page {
             pindex: AtomicU64::new(0),
             refs: crate::sync::refcount::RefCount::new(),
             referenced: AtomicU32::new(0),
+            queue: AtomicU32::new(0),
+            qnext: AtomicU32::new(0),
+            qprev: AtomicU32::new(0),
         }
     }
 
@@ -94,8 +105,13 @@ impl Page {
     }
 
     /// Whether the page was referenced since the last call (clears it).
+    /// `--cfg vmfault_mutation="queues_no_aging"` ignores the marks (the
+    /// daemon then pages out in FIFO order: `tests/swap.rs`,
+    /// `hot_pages_stay_resident_while_a_cold_stream_pages_out`, fails).
     pub(crate) fn take_referenced(&self) -> bool {
-        self.referenced.load(Ordering::Relaxed) != 0 && self.referenced.swap(0, Ordering::Relaxed) != 0
+        !cfg!(vmfault_mutation = "queues_no_aging")
+            && self.referenced.load(Ordering::Relaxed) != 0
+            && self.referenced.swap(0, Ordering::Relaxed) != 0
     }
 
     /// The frame's kind (a snapshot).

@@ -109,6 +109,16 @@ impl<'a> Frames<'a> {
         self.phys.doorbell.wait_for(|| self.alloc_once()).map(|p| OwnedFrame(Pfn(p)))
     }
 
+    /// Put published data page `pfn`, marked for a queue before it was
+    /// published (`PageQueues::mark`), on its queue: through this vCPU's
+    /// batch (`phys::queues`). Nothing without queues.
+    #[inline]
+    pub(crate) fn enqueue(&self, pfn: Pfn) {
+        if let (Some(q), Some(cpu)) = (&self.phys.queues, &self.cpu) {
+            q.enqueue(&self.phys.pages, cpu.rcu, cpu.reader, pfn);
+        }
+    }
+
     /// Allocate a zeroed frame.
     pub(crate) fn alloc_zeroed(&self) -> Option<OwnedFrame> {
         let mut f = self.alloc()?;
@@ -145,6 +155,7 @@ impl<'a> Frames<'a> {
             return;
         }
         cpu.rcu.synchronize();
+        phys.leave_queues(frames);
         // The frames freed last were used last and are the warmest: they go
         // into the magazine (the very last on top); the colder rest goes to
         // the global list first, so its head is the next warmest.

@@ -274,7 +274,7 @@ mod tests {
     #[test]
     fn leaves_are_allocated_and_found() {
         let (rcu, _r) = crate::sync::rcu::Rcu::new(1);
-        let phys = PhysMem::new(64, false, &rcu, NO_PCP, false).unwrap();
+        let phys = PhysMem::new(64, false, &rcu, NO_PCP, false, false).unwrap();
         let frames = Frames::global(&phys);
         let r = Radix::new(&frames, Kind::Index).unwrap();
         assert!(r.leaf(&phys, 12345).is_none());
@@ -299,7 +299,7 @@ mod tests {
     #[test]
     fn prune_frees_only_whole_subtrees() {
         let (rcu, _r) = crate::sync::rcu::Rcu::new(1);
-        let phys = PhysMem::new(64, false, &rcu, NO_PCP, false).unwrap();
+        let phys = PhysMem::new(64, false, &rcu, NO_PCP, false, false).unwrap();
         let frames = Frames::global(&phys);
         let r = Radix::new(&frames, Kind::Table).unwrap();
         // Two leaves in different level-0 nodes under one level-1 node.

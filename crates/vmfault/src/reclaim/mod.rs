@@ -12,8 +12,8 @@
 //!    for exactly this caller;
 //! 2. with a swap file (`VmConfig::swap`), page anonymous pages out until
 //!    the list holds one and a half times the target (`pageout.rs`, the
-//!    protocol there), in a clock order with a second chance for pages
-//!    that faults mapped since the last look.
+//!    protocol there), in the order of the page queues (`phys::queues`:
+//!    active and inactive lists, aged by reference marks).
 //!
 //! With swap, an allocation that finds no frame at all, on a vCPU outside
 //! any read-side section, waits for the daemon ([`Doorbell::wait_for`],
@@ -23,9 +23,9 @@
 //! daemon never blocks on a lock such a vCPU may hold: it takes no map
 //! lock (`aspace::rmap`) and only tries object locks (`object::swap`).
 //!
-//! Not yet: page queues and aging (the daemon takes pages in a rotating
-//! order over the spaces' objects, a clock without reference bits), and
-//! pageout of dirty shared-file pages to their files.
+//! Not yet: pageout of dirty shared-file pages to their files, and direct
+//! reclaim by allocating vCPUs (the one daemon thread is the ceiling of
+//! swap throughput).
 //!
 //! # Wakeup protocol
 //!
@@ -130,7 +130,6 @@ pub(crate) fn spawn_daemon(m: &Arc<Machine>, reader: RcuReader) -> Result<()> {
     let doorbell = Arc::clone(&m.phys.doorbell);
     doorbell.enabled.store(true, Ordering::Relaxed);
     doorbell.swap.store(m.swap.is_some(), Ordering::Relaxed);
-    let mut clock = pageout::Clock::default();
     std::thread::Builder::new()
         .name("vmfault-pagedaemon".into())
         .spawn(move || {
@@ -140,7 +139,7 @@ pub(crate) fn spawn_daemon(m: &Arc<Machine>, reader: RcuReader) -> Result<()> {
                 let Some(m) = weak.upgrade() else { return };
                 if rung {
                     doorbell.wakeups.fetch_add(1, Ordering::Relaxed);
-                    run_once(&m, &reader, &mut clock);
+                    run_once(&m, &reader);
                 }
             }
         })
@@ -149,7 +148,7 @@ pub(crate) fn spawn_daemon(m: &Arc<Machine>, reader: RcuReader) -> Result<()> {
 }
 
 /// One pass: below the target, drain every per-CPU cache, then page out.
-fn run_once(m: &Machine, reader: &RcuReader, clock: &mut pageout::Clock) {
+fn run_once(m: &Machine, reader: &RcuReader) {
     let bell = &m.phys.doorbell;
     let target = m.phys.free_target();
     let mut freed = 0;
@@ -160,13 +159,20 @@ fn run_once(m: &Machine, reader: &RcuReader, clock: &mut pageout::Clock) {
     }
     if let Some(swap) = &m.swap {
         let high = (target + target / 2).max(1);
-        // Two turns of the clock without a page freed: nothing to take.
-        let mut idle = 0;
-        while m.phys.global_free_frames() < high && idle < 2 {
+        // Give up when every queued page was looked at twice (the first
+        // look clears a reference mark) with nothing freed, or when two
+        // rounds in a row found no candidate at all.
+        let (mut looked, mut empty) = (0, 0);
+        while m.phys.global_free_frames() < high && empty < 2 {
             bell.scans.fetch_add(1, Ordering::Relaxed);
-            let n = pageout::run(m, swap, reader, clock, (high - m.phys.global_free_frames()).min(64));
-            freed += n;
-            idle = if n == 0 { idle + 1 } else { 0 };
+            let r = pageout::run(m, swap, reader, (high - m.phys.global_free_frames()).min(64));
+            freed += r.freed;
+            empty = if r.looked == 0 { empty + 1 } else { 0 };
+            looked = if r.freed > 0 { 0 } else { looked + r.looked };
+            let (active, inactive) = m.phys.queues.as_ref().map_or((0, 0), |q| q.lens());
+            if looked > 2 * (active + inactive) {
+                break;
+            }
         }
     }
     bell.pass_done(freed == 0 && m.phys.global_free_frames() == 0);

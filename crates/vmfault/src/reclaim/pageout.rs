@@ -1,14 +1,24 @@
 //! Pageout of anonymous pages to swap (FreeBSD's `vm_pageout_scan` with
 //! `vm_page_try_remove_all`, on protocol 5's reference counts).
 //!
+//! # Choosing pages
+//! From the page queues (`phys::queues`): first *age* (keep the inactive
+//! list at a third of the queued pages: active pages referenced since the
+//! last look go round again, the rest become inactive), then take pages
+//! off the inactive head. A taken page referenced since it went inactive
+//! is reactivated; a wired one, or one whose object is gone or changing,
+//! goes back; the rest are isolated. Pages kept go back to the tails in one
+//! queue-lock acquisition.
+//!
 //! # Protocol, per page
-//! 1. *Isolate*, inside a read-side section: the object still holds the
-//!    frame at its index, and [`RefCount::try_isolate`] takes it from
-//!    exactly "the object's reference, nothing else" to `BLOCKED` plus the
-//!    daemon's own wiring. The section makes the check and the CAS one
-//!    step (the frame cannot be freed and reused between them); the
-//!    wiring keeps a racing `munmap` from freeing it afterwards; `BLOCKED`
-//!    makes `wire_mapped` fail and faults that find the page retry
+//! 1. *Isolate*, inside a read-side section: the object named by the
+//!    page's descriptor still holds the frame at its index, and
+//!    [`RefCount::try_isolate`] takes it from exactly "the object's
+//!    reference, nothing else" to `BLOCKED` plus the daemon's own wiring.
+//!    The section makes the check and the CAS one step (the frame cannot
+//!    be freed and reused between them); the wiring keeps a racing
+//!    `munmap` from freeing it afterwards; `BLOCKED` makes `wire_mapped`
+//!    fail and faults that find the page retry
 //!    (`fault::anon::commit_locked`). A wired page is never taken.
 //! 2. *Unmap* it from every space through the reverse map
 //!    (`aspace::unmap_everywhere_unlocked`: no map lock, see there).
@@ -25,7 +35,8 @@
 //!    collapse moved it): free the slot and give the page up.
 //!
 //! Giving up = `unblock` and drop the daemon's wiring, which frees the
-//! frame if that was the last reference (`munmap` took it meanwhile).
+//! frame if that was the last reference (`munmap` took it meanwhile);
+//! otherwise the page goes back to the active queue.
 //!
 //! [`RefCount::try_isolate`]: crate::sync::refcount::RefCount::try_isolate
 
@@ -36,64 +47,76 @@ use std::sync::atomic::Ordering;
 
 use super::Swap;
 use crate::object::Object;
-use crate::phys::Pfn;
+use crate::phys::{Pfn, Queue};
 use crate::sync::rcu::RcuReader;
 use crate::types::PAGE_SIZE;
 use crate::vm::Machine;
 
-/// Where the next scan starts (a clock hand over the candidates, in the
-/// order `object::Swappable` and the indexes give them).
-#[derive(Debug, Default)]
-pub(super) struct Clock {
-    hand: usize,
+/// What one round did.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Round {
+    /// Frames freed.
+    pub(super) freed: u64,
+    /// Inactive pages looked at.
+    pub(super) looked: u64,
 }
 
-/// Page out up to `want` pages; returns the frames freed.
-pub(super) fn run(m: &Machine, swap: &Swap, reader: &RcuReader, clock: &mut Clock, want: u64) -> u64 {
-    let objects = m.swappable.objects();
-    let mut candidates: Vec<(usize, u64, Pfn)> = Vec::new();
-    for (k, o) in objects.iter().enumerate() {
-        o.for_each_unwired(|i, pfn| candidates.push((k, i, pfn)));
+/// Page out up to `want` pages.
+pub(super) fn run(m: &Machine, swap: &Swap, reader: &RcuReader, want: u64) -> Round {
+    let phys = &m.phys;
+    let q = phys.queues.as_ref().expect("a Vm with swap has page queues");
+    let pages = phys.pages();
+    let (active, inactive) = q.lens();
+    if active + inactive < want {
+        // Short lists: the pages may sit in vCPUs' batches.
+        q.drain_batches(pages, &m.rcu);
     }
-    if candidates.is_empty() {
-        return 0;
+    let (active, inactive) = q.lens();
+    let target = ((active + inactive) / 3).max(want);
+    if inactive < target {
+        q.age(pages, 2 * (target - inactive));
     }
-    // At most one turn of the clock: a page skipped for its mark has it
-    // cleared, and is taken at the next turn unless a fault marks it again.
-    let start = clock.hand % candidates.len();
-    let bell = &m.phys.doorbell;
-    let mut freed = Vec::new();
-    let mut isolated: Vec<(&Arc<Object>, u64, Pfn)> = Vec::new();
-    let mut visited = 0;
-    for &(k, pindex, pfn) in candidates.iter().cycle().skip(start).take(candidates.len()) {
-        if isolated.len() as u64 >= want {
-            break;
-        }
-        visited += 1;
-        let o = &objects[k];
-        // Second chance: a page mapped or read in since the last look stays.
-        if m.phys.page(pfn).take_referenced() {
+    let mut candidates = Vec::new();
+    q.take_inactive(pages, want as usize, &mut candidates);
+    let looked = candidates.len() as u64;
+    let mut back: Vec<(Pfn, Queue)> = Vec::new();
+    let mut isolated: Vec<(Arc<Object>, u64, Pfn)> = Vec::new();
+    for pfn in candidates {
+        let page = phys.page(pfn);
+        if page.take_referenced() {
+            back.push((pfn, Queue::Active));
             continue;
         }
+        // The owner as the descriptor names it, checked below.
+        let pindex = page.pindex.load(Ordering::Relaxed);
+        let Some(o) = m.swappable.get(page.object.load(Ordering::Relaxed)) else {
+            back.push((pfn, Queue::Inactive));
+            continue;
+        };
         let taken = {
             let _section = m.rcu.read_lock(reader);
-            o.holds(pindex, pfn) && m.phys.page(pfn).refs.try_isolate()
+            o.holds(pindex, pfn) && page.refs.try_isolate()
         };
         if !taken {
+            let wired = page.refs.wirings() > 0;
+            back.push((pfn, if wired { Queue::Active } else { Queue::Inactive }));
             continue;
         }
-        crate::aspace::unmap_everywhere_unlocked(m, reader, o, pindex, pfn);
+        crate::aspace::unmap_everywhere_unlocked(m, reader, &o, pindex, pfn);
         isolated.push((o, pindex, pfn));
     }
-    clock.hand = start + visited;
+    q.requeue(pages, &back);
+    back.clear();
     if !isolated.is_empty() {
         m.rcu.synchronize();
     }
+    let bell = &m.phys.doorbell;
+    let mut freed = Vec::new();
     let mut buf = vec![0u8; PAGE_SIZE as usize];
     let mut out = 0;
     for (o, pindex, pfn) in isolated {
         let Some(slot) = swap.alloc() else {
-            give_up(m, pfn, &mut freed);
+            give_up(m, pfn, &mut freed, &mut back);
             continue;
         };
         m.phys.read_bytes(pfn, 0, &mut buf);
@@ -101,12 +124,12 @@ pub(super) fn run(m: &Machine, swap: &Swap, reader: &RcuReader, clock: &mut Cloc
             tracing::warn!(target: "vmfault::reclaim", error = %e, slot, "swap write failed: the page stays resident");
             bell.write_errors.fetch_add(1, Ordering::Relaxed);
             swap.free(slot);
-            give_up(m, pfn, &mut freed);
+            give_up(m, pfn, &mut freed, &mut back);
             continue;
         }
         if !o.swap_out(pindex, pfn, slot) {
             swap.free(slot);
-            give_up(m, pfn, &mut freed);
+            give_up(m, pfn, &mut freed, &mut back);
             continue;
         }
         let refs = &m.phys.page(pfn).refs;
@@ -120,16 +143,18 @@ pub(super) fn run(m: &Machine, swap: &Swap, reader: &RcuReader, clock: &mut Cloc
     bell.pageouts.fetch_add(out, Ordering::Relaxed);
     let n = freed.len() as u64;
     m.phys.free_after_grace(&m.rcu, &freed);
-    drop(objects);
-    n
+    q.requeue(pages, &back);
+    Round { freed: n, looked }
 }
 
 /// Undo an isolation (see the module docs).
-fn give_up(m: &Machine, pfn: Pfn, freed: &mut Vec<Pfn>) {
+fn give_up(m: &Machine, pfn: Pfn, freed: &mut Vec<Pfn>, back: &mut Vec<(Pfn, Queue)>) {
     m.phys.doorbell.failures.fetch_add(1, Ordering::Relaxed);
     let refs = &m.phys.page(pfn).refs;
     refs.unblock();
     if refs.unwire() {
         freed.push(pfn);
+    } else {
+        back.push((pfn, Queue::Active));
     }
 }
