@@ -87,11 +87,18 @@ fn write_outputs(a: &BenchArgs, results: &Results) -> Result<Vec<String>, String
     save("JSON", &json, results.write_json(&json).map_err(|e| e.to_string()))?;
     let csv = a.out.join("results.csv");
     save("CSV", &csv, results.write_csv(&csv).map_err(|e| e.to_string()))?;
+    // The plots in the output directory are a convenience: a machine
+    // without fonts still gets its numbers (a warning, not a failure);
+    // a plot asked for with `--plot` must be written.
+    let mut optional = |what: &str, path: &Path, r: Result<(), String>| match save(what, path, r) {
+        Ok(()) => {}
+        Err(e) => eprintln!("vmfault: warning: {e}"),
+    };
     let scaling = a.out.join("scaling.png");
-    save("the scaling plot", &scaling, plot::scaling(results, &scaling))?;
+    optional("the scaling plot", &scaling, plot::scaling(results, &scaling));
     if !results.comparisons.is_empty() {
         let cmp = a.out.join("compare.png");
-        save("the comparison plot", &cmp, plot::comparisons(results, &cmp))?;
+        optional("the comparison plot", &cmp, plot::comparisons(results, &cmp));
     }
     if let Some(p) = &a.json {
         save("JSON", p, results.write_json(p).map_err(|e| e.to_string()))?;

@@ -27,11 +27,11 @@
 //! | layer | module | what |
 //! |---|---|---|
 //! | sync | [`sync`] | our RCU with a blocking `synchronize`, vCPU slots, per-vCPU magazines with remote drain, the VMA state word (SPF sequence and per-VMA lock), the PTE word lock, the page reference count (FreeBSD), the loom shim |
-//! | phys | `phys` | frame arena, 64-byte page descriptors, the global free stack, per-CPU page caches, the frame protocol |
+//! | phys | `phys` | frame arena, 64-byte page descriptors, the global free stack, per-CPU page caches, page queues, the frame protocol |
 //! | pmap | `pmap` | frame-backed radix trees: page tables (PTE locks, zap, protect, prune) and object indexes |
 //! | object | `object` | VM objects owning pages by index (private and shared anonymous), shadow chains for copy-on-write after `fork` |
 //! | aspace | `aspace` | [`AddressSpace`]: VMA index (and its RCU snapshot), one file per operation, the software MMU |
-//! | reclaim | `reclaim` | the page daemon: wakes below the free target, drains per-CPU caches remotely |
+//! | reclaim | `reclaim` | the page daemon: wakes below the free target, drains per-CPU caches remotely, ages the page queues, pages anonymous memory out to swap |
 //! | fault | `fault` | the fault path: classic (map lock), speculative, per-VMA lock; anonymous-page resolution shared by all three |
 //! | stats | [`stats`] | per-vCPU counters summed on read |
 //!
@@ -53,6 +53,8 @@
 //!             │                        faults only try-lock it, holding nothing else)
 //!             ├── page lock           (refcount=pagelock only: one of 256 hashed words,
 //!             │                        held around a wiring change, nothing inside)
+//!             ├── page-queue lock [Q] (swap only: a vCPU applying its full batch of new
+//!             │                        pages, the daemon, a free path; nothing inside)
 //!             └── free-list lock [F]
 //! ```
 //!
@@ -82,6 +84,7 @@
 //! | `[O]` | the object's lock (or the object's insertion protocol, where noted) |
 //! | `[P]` | the PTE lock of the page-table page |
 //! | `[F]` | the global free-list lock |
+//! | `[Q]` | the page-queue lock (`phys::queues`) |
 //! | `[a]` | atomic; the field's doc names the operations it pairs with |
 //! | `[o]` | owner vCPU only: written by the thread holding the slot |
 //! | `[I]` | immutable after construction |
