@@ -250,6 +250,57 @@ fn hot_pages_stay_resident_while_a_cold_stream_pages_out() {
     }
 }
 
+/// munmap racing pageout: vCPUs map, write, check and unmap ranges that
+/// together exceed physical memory, so the daemon pages out pages that
+/// munmap frees under it, and frames it held come back in new lives (the
+/// page queues' stale entries, `phys::queues`). Nothing is lost, and at
+/// the end every frame, slot and queue entry is back.
+#[test]
+fn munmap_racing_pageout_loses_nothing_and_leaks_nothing() {
+    const PHYS: u64 = 256;
+    const THREADS: u64 = 3;
+    const PAGES: u64 = 128;
+    let vm = swap_vm("churn", PHYS, THREADS as usize + 1, |_| {});
+    let free_at_start = vm.stats().free_pages;
+    let space = Arc::new(vm.new_space().unwrap());
+    let rounds = if cfg!(debug_assertions) { 6 } else { 20 };
+    std::thread::scope(|sc| {
+        for t in 0..THREADS {
+            let (vm, space) = (&vm, &space);
+            sc.spawn(move || {
+                let _cpu = vm.attach().unwrap();
+                for r in 0..rounds {
+                    let tag = 100 + t * 1000 + r;
+                    let base = space.mmap(0, PAGES * P, RW, PA).unwrap();
+                    for p in 0..PAGES {
+                        if let Err(e) = space.write(base + p * P, &pattern(tag, p)) {
+                            panic!("vCPU {t} round {r} page {p}: {e}: {:?}", vm.stats());
+                        }
+                    }
+                    for p in shuffled(PAGES, tag) {
+                        check(space, base, tag, p);
+                    }
+                    space.munmap(base, PAGES * P).unwrap();
+                }
+            });
+        }
+    });
+    let s = vm.stats();
+    assert!(s.pageouts > 0 && s.pageins > 0, "{s:?}");
+    drop(space);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let end = loop {
+        let end = vm.stats();
+        if end.free_pages == free_at_start || Instant::now() > deadline {
+            break end;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert_eq!(end.free_pages, free_at_start, "every frame back: {end:?}");
+    assert_eq!((end.swap_used_pages, end.data_pages), (0, 0), "{end:?}");
+    assert_eq!((end.active_pages, end.inactive_pages), (0, 0), "queues empty: {end:?}");
+}
+
 #[test]
 fn swap_needs_the_page_daemon() {
     let path = std::env::temp_dir().join(format!("vmfault-test-nodaemon-{}.swap", std::process::id()));

@@ -52,7 +52,7 @@ mod swap;
 pub(crate) use file::{FileData, Files};
 pub(crate) use rmap::{BackingKey, ObjRmap, Pv, PvTable, RmapTotals};
 pub(crate) use shadow::{Absorbed, Found};
-pub(crate) use swap::Swappable;
+pub(crate) use swap::{SwapOut, Swappable};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};

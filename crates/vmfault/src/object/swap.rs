@@ -40,6 +40,17 @@ use crate::stats::Counter;
 use crate::sync::rcu::RcuReadGuard;
 use crate::vm::Ctx;
 
+/// What [`Object::swap_out`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SwapOut {
+    /// The slot replaced the page.
+    Done,
+    /// The page is no longer there (`munmap` took it, or a collapse moved it).
+    Lost,
+    /// The object lock is held by another (a page-in, a collapse).
+    Busy,
+}
+
 /// The anonymous objects of a `Vm` with swap (see the module docs).
 #[derive(Debug, Default)]
 pub(crate) struct Swappable {
@@ -99,25 +110,29 @@ impl Object {
         !self.is_file() && !self.absorbed.load(Ordering::Relaxed)
     }
 
-    /// Replace page `pfn` at `pindex` by swap slot `slot`; whether it was
-    /// still there. On success the caller drops the object's reference.
+    /// Replace page `pfn` at `pindex` by swap slot `slot`. On
+    /// [`SwapOut::Done`] the caller drops the object's reference.
     ///
     /// The caller has written the page to the slot, with every mapping of
     /// it removed and new ones refused (the page is `BLOCKED`), after a
     /// grace period (no store through an old PTE in flight).
-    /// Only tries the object lock (see the module docs): `false` if taken.
-    pub(crate) fn swap_out(&self, pindex: u64, pfn: Pfn, slot: u64) -> bool {
+    /// Only tries the object lock (see the module docs): [`SwapOut::Busy`]
+    /// if another holds it (the caller may try again later).
+    pub(crate) fn swap_out(&self, pindex: u64, pfn: Pfn, slot: u64) -> SwapOut {
         let _g = match self.lock.try_lock() {
             Ok(g) => g,
             Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return false,
+            Err(std::sync::TryLockError::WouldBlock) => return SwapOut::Busy,
         };
         if self.absorbed.load(Ordering::Relaxed) {
-            return false;
+            return SwapOut::Lost;
         }
-        let Some(leaf) = self.index.leaf(&self.m.phys, pindex) else { return false };
+        let Some(leaf) = self.index.leaf(&self.m.phys, pindex) else { return SwapOut::Lost };
         let want = (u64::from(pfn.0) << 12) | PRESENT;
-        leaf.entry.compare_exchange(want, (slot << 12) | SWAP, Ordering::AcqRel, Ordering::Relaxed).is_ok()
+        match leaf.entry.compare_exchange(want, (slot << 12) | SWAP, Ordering::AcqRel, Ordering::Relaxed) {
+            Ok(_) => SwapOut::Done,
+            Err(_) => SwapOut::Lost,
+        }
     }
 
     /// Read page `pindex` back from swap into the object `depth` levels down

@@ -241,7 +241,10 @@ impl PhysMem {
         page.set_kind(kind, Kind::Owned);
         page.object.store(0, Ordering::Relaxed);
         page.refs.clear();
-        PageQueues::unmark(page);
+        // Marked for a queue before publication, the frame may have been
+        // linked meanwhile by a stale batch entry or the daemon (a former
+        // life of the frame): it leaves the queue like a freed frame.
+        self.leave_queues(&[pfn]);
         OwnedFrame(pfn)
     }
 

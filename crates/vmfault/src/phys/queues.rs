@@ -17,12 +17,18 @@
 //! | 2 `ENQUEUED` | the page is linked in that queue's list | only under `[Q]`, together with the links |
 //!
 //! Invariant: `ENQUEUED` is set exactly while the page is on a list, and
-//! the word is nonzero only for a live data page that wants a queue. Every
-//! change of `ENQUEUED` is a CAS under the queue lock; freeing a frame
-//! ([`PageQueues::forget`]) CASes a word without `ENQUEUED` to 0 outside
-//! the lock, so a batch entry applied later finds 0 and skips the frame
-//! (also once the frame has been reused), and a word with `ENQUEUED` is
-//! cleared and unlinked under the lock.
+//! the word is nonzero only for a data page that wants a queue (published,
+//! or marked and about to be). Every change of `ENQUEUED` is a CAS under
+//! the queue lock; freeing a frame ([`PageQueues::forget`]) CASes a word
+//! without `ENQUEUED` to 0 outside the lock, so a batch entry applied later
+//! finds 0 and skips the frame (also once the frame has been reused), and a
+//! word with `ENQUEUED` is cleared and unlinked under the lock.
+//!
+//! A frame marked but not yet published can be linked by a stale entry (a
+//! batch entry or a page the daemon holds, from the frame's former life):
+//! harmless while it is a page (the daemon finds it in no object and puts
+//! it back), and a frame whose publication loses its race leaves its queue
+//! as a freed frame does (`PhysMem::unpublish`).
 //!
 //! # Batches
 //!
@@ -49,6 +55,9 @@ use crate::sync::rcu::{Rcu, RcuReader};
 
 /// Entries per vCPU batch.
 pub(crate) const BATCH: usize = 32;
+
+/// Active pages the daemon ages per acquisition of the queue lock.
+const AGE_CHUNK: u64 = 256;
 
 /// The queue-state word's queue bits.
 const QMASK: u32 = 3;
@@ -131,11 +140,6 @@ impl PageQueues {
         }
     }
 
-    /// Clear the mark of a frame taken back before anyone saw it.
-    pub(crate) fn unmark(page: &Page) {
-        page.queue.store(0, Ordering::Relaxed);
-    }
-
     /// Have published page `pfn`, marked by [`PageQueues::mark`], linked
     /// into its queue: through the vCPU's batch, applied when full.
     pub(crate) fn enqueue(&self, pages: &[Page], rcu: &Rcu, reader: &RcuReader, pfn: Pfn) {
@@ -193,20 +197,32 @@ impl PageQueues {
         }
     }
 
-    /// The daemon's aging step: look at up to `max` pages from the head
-    /// of the active list; a page referenced since the last look goes to
-    /// the tail again (its mark cleared), the others to the inactive tail.
+    /// The daemon's aging step: from the head of the active list, a page
+    /// referenced since the last look goes to the tail again (its mark
+    /// cleared), the others to the inactive tail, until `deactivate` pages
+    /// have moved or every page was looked at once (so a second call finds
+    /// the marks it cleared). The lock is dropped every [`AGE_CHUNK`] pages.
     /// Returns the pages deactivated.
-    pub(crate) fn age(&self, pages: &[Page], max: u64) -> u64 {
-        let mut g = self.lock();
+    pub(crate) fn age(&self, pages: &[Page], deactivate: u64) -> u64 {
+        let mut left = self.lens().0;
         let mut moved = 0;
-        for _ in 0..max.min(g.lists[0].len) {
-            let f = g.lists[0].head;
-            g.unlink(pages, f, Queue::Active as u32);
-            let to = if pages[f as usize].take_referenced() { Queue::Active } else { Queue::Inactive };
-            moved += u64::from(to == Queue::Inactive);
-            pages[f as usize].queue.store(to as u32 | ENQUEUED, Ordering::Relaxed);
-            g.link_tail(pages, f, to);
+        while moved < deactivate && left > 0 {
+            let mut g = self.lock();
+            for _ in 0..AGE_CHUNK.min(left) {
+                if moved == deactivate || g.lists[0].len == 0 {
+                    break;
+                }
+                left -= 1;
+                let f = g.lists[0].head;
+                g.unlink(pages, f, Queue::Active as u32);
+                let to = if pages[f as usize].take_referenced() { Queue::Active } else { Queue::Inactive };
+                moved += u64::from(to == Queue::Inactive);
+                pages[f as usize].queue.store(to as u32 | ENQUEUED, Ordering::Relaxed);
+                g.link_tail(pages, f, to);
+            }
+            if g.lists[0].len == 0 {
+                break;
+            }
         }
         moved
     }
@@ -339,6 +355,27 @@ mod tests {
         q.enqueue(&pages, &rcu, &r[1], Pfn(6));
         assert_eq!(q.drain_batches(&pages, &rcu), 1);
         assert_eq!(q.lens(), (BATCH as u64, 0));
+    }
+
+    #[test]
+    fn a_frame_linked_before_its_publication_leaves_when_the_publication_loses() {
+        let (pages, q, rcu, r) = setup(16);
+        active(&pages, &q, &rcu, &r[0], 3);
+        q.drain_batches(&pages, &rcu);
+        let mut got = Vec::new();
+        q.age(&pages, 1);
+        q.take_inactive(&pages, 1, &mut got);
+        assert_eq!(got, [Pfn(3)]);
+        // Freed while the daemon holds it, allocated again and marked.
+        q.forget(&pages, &[Pfn(3)]);
+        PageQueues::mark(&pages[3], Queue::Active);
+        // The daemon puts its old candidate back: it is linked.
+        q.requeue(&pages, &[(Pfn(3), Queue::Inactive)]);
+        assert_eq!(q.lens(), (0, 1));
+        // The publication loses its race: the frame leaves (`unpublish`).
+        q.forget(&pages, &[Pfn(3)]);
+        assert_eq!(q.lens(), (0, 0));
+        assert_eq!(pages[3].queue.load(Ordering::Relaxed), 0);
     }
 
     #[test]

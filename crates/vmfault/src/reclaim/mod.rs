@@ -159,19 +159,27 @@ fn run_once(m: &Machine, reader: &RcuReader) {
     }
     if let Some(swap) = &m.swap {
         let high = (target + target / 2).max(1);
-        // Give up when every queued page was looked at twice (the first
-        // look clears a reference mark) with nothing freed, or when two
-        // rounds in a row found no candidate at all.
-        let (mut looked, mut empty) = (0, 0);
+        // Give up when the pages that could not be taken since the last
+        // progress add up to every queued page twice, or when two rounds
+        // in a row found no candidate at all (each round ages the whole
+        // active list if it must, so the second finds the marks the first
+        // cleared). Referenced pages are progress: their marks are cleared;
+        // pages being freed are memory on its way back.
+        let (mut stuck, mut empty) = (0, 0);
         while m.phys.global_free_frames() < high && empty < 2 {
             bell.scans.fetch_add(1, Ordering::Relaxed);
             let r = pageout::run(m, swap, reader, (high - m.phys.global_free_frames()).min(64));
             freed += r.freed;
             empty = if r.looked == 0 { empty + 1 } else { 0 };
-            looked = if r.freed > 0 { 0 } else { looked + r.looked };
+            stuck = if r.freed > 0 { 0 } else { stuck + r.stuck };
             let (active, inactive) = m.phys.queues.as_ref().map_or((0, 0), |q| q.lens());
-            if looked > 2 * (active + inactive) {
+            if stuck > 2 * (active + inactive) {
                 break;
+            }
+            if r.freed == 0 && r.in_flight > 0 {
+                // Frames on their way back (a munmap's grace period): let
+                // their owners run rather than count them as stuck.
+                std::thread::sleep(Duration::from_micros(50));
             }
         }
     }

@@ -28,7 +28,8 @@
 //!    in its object, resident and intact, and is mapped again by the next
 //!    fault.
 //! 5. *Replace* it by the slot in its object ([`Object::swap_out`]: a CAS
-//!    under the object lock). Won: drop the object's reference and the
+//!    under the object lock, only tried: a page-in holds it around its
+//!    read of a slot, so busy ones are tried again for up to 5 ms). Won: drop the object's reference and the
 //!    daemon's wiring, which is then the last, and free the frame after a
 //!    grace period (`BLOCKED` stays set until then, for faults still
 //!    holding the frame number). Lost (`munmap` took the entry, or a
@@ -44,13 +45,18 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use super::Swap;
-use crate::object::Object;
+use crate::object::{Object, SwapOut};
 use crate::phys::{Pfn, Queue};
 use crate::sync::rcu::RcuReader;
+use crate::sync::refcount::OBJREF;
 use crate::types::PAGE_SIZE;
 use crate::vm::Machine;
+
+/// How long a round keeps trying object locks held by others.
+const BUSY_WAIT: Duration = Duration::from_millis(5);
 
 /// What one round did.
 #[derive(Debug, Clone, Copy, Default)]
@@ -59,6 +65,14 @@ pub(super) struct Round {
     pub(super) freed: u64,
     /// Inactive pages looked at.
     pub(super) looked: u64,
+    /// Of those, pages that could not be taken though their object still
+    /// holds a reference: wired, or changing. Referenced pages are not
+    /// stuck: their mark is cleared, the next look may take them.
+    pub(super) stuck: u64,
+    /// Of those, pages on their way to a free list (taken out of their
+    /// object by `munmap`, waiting for its grace period; or their object is
+    /// going away).
+    pub(super) in_flight: u64,
 }
 
 /// Page out up to `want` pages.
@@ -74,11 +88,12 @@ pub(super) fn run(m: &Machine, swap: &Swap, reader: &RcuReader, want: u64) -> Ro
     let (active, inactive) = q.lens();
     let target = ((active + inactive) / 3).max(want);
     if inactive < target {
-        q.age(pages, 2 * (target - inactive));
+        q.age(pages, target - inactive);
     }
     let mut candidates = Vec::new();
     q.take_inactive(pages, want as usize, &mut candidates);
     let looked = candidates.len() as u64;
+    let (mut stuck, mut in_flight) = (0, 0);
     let mut back: Vec<(Pfn, Queue)> = Vec::new();
     let mut isolated: Vec<(Arc<Object>, u64, Pfn)> = Vec::new();
     for pfn in candidates {
@@ -90,6 +105,9 @@ pub(super) fn run(m: &Machine, swap: &Swap, reader: &RcuReader, want: u64) -> Ro
         // The owner as the descriptor names it, checked below.
         let pindex = page.pindex.load(Ordering::Relaxed);
         let Some(o) = m.swappable.get(page.object.load(Ordering::Relaxed)) else {
+            // Its object is going away: the page is on its way to a free
+            // list (or moves to the object that absorbs it).
+            in_flight += 1;
             back.push((pfn, Queue::Inactive));
             continue;
         };
@@ -98,6 +116,11 @@ pub(super) fn run(m: &Machine, swap: &Swap, reader: &RcuReader, want: u64) -> Ro
             o.holds(pindex, pfn) && page.refs.try_isolate()
         };
         if !taken {
+            if page.refs.get() & OBJREF == 0 {
+                in_flight += 1; // taken out of its object, freed after a grace period
+            } else {
+                stuck += 1;
+            }
             let wired = page.refs.wirings() > 0;
             back.push((pfn, if wired { Queue::Active } else { Queue::Inactive }));
             continue;
@@ -114,6 +137,7 @@ pub(super) fn run(m: &Machine, swap: &Swap, reader: &RcuReader, want: u64) -> Ro
     let mut freed = Vec::new();
     let mut buf = vec![0u8; PAGE_SIZE as usize];
     let mut out = 0;
+    let mut written = Vec::with_capacity(isolated.len());
     for (o, pindex, pfn) in isolated {
         let Some(slot) = swap.alloc() else {
             give_up(m, pfn, &mut freed, &mut back);
@@ -127,24 +151,45 @@ pub(super) fn run(m: &Machine, swap: &Swap, reader: &RcuReader, want: u64) -> Ro
             give_up(m, pfn, &mut freed, &mut back);
             continue;
         }
-        if !o.swap_out(pindex, pfn, slot) {
-            swap.free(slot);
-            give_up(m, pfn, &mut freed, &mut back);
-            continue;
+        written.push((o, pindex, pfn, slot));
+    }
+    // Replace the written pages in their objects. A page-in holds its
+    // object's lock around one read of a slot: try the busy ones again for
+    // a while before giving them up.
+    let deadline = Instant::now() + BUSY_WAIT;
+    loop {
+        written.retain(|(o, pindex, pfn, slot)| match o.swap_out(*pindex, *pfn, *slot) {
+            SwapOut::Done => {
+                let refs = &m.phys.page(*pfn).refs;
+                let unwired = refs.release_objref();
+                debug_assert!(!unwired, "the daemon's wiring holds the page");
+                let last = refs.unwire();
+                debug_assert!(last, "nothing else references an isolated page");
+                freed.push(*pfn);
+                out += 1;
+                false
+            }
+            SwapOut::Lost => {
+                swap.free(*slot);
+                give_up(m, *pfn, &mut freed, &mut back);
+                false
+            }
+            SwapOut::Busy => true,
+        });
+        if written.is_empty() || Instant::now() > deadline {
+            break;
         }
-        let refs = &m.phys.page(pfn).refs;
-        let unwired = refs.release_objref();
-        debug_assert!(!unwired, "the daemon's wiring holds the page");
-        let last = refs.unwire();
-        debug_assert!(last, "nothing else references an isolated page");
-        freed.push(pfn);
-        out += 1;
+        std::thread::yield_now();
+    }
+    for (_, _, pfn, slot) in written {
+        swap.free(slot);
+        give_up(m, pfn, &mut freed, &mut back);
     }
     bell.pageouts.fetch_add(out, Ordering::Relaxed);
     let n = freed.len() as u64;
     m.phys.free_after_grace(&m.rcu, &freed);
     q.requeue(pages, &back);
-    Round { freed: n, looked }
+    Round { freed: n, looked, stuck, in_flight }
 }
 
 /// Undo an isolation (see the module docs).
