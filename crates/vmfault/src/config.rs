@@ -170,8 +170,11 @@ pub struct VmConfig {
     /// A swap file for anonymous pages, created (or truncated) at this
     /// path by [`Vm::new`](crate::Vm::new), or created under a unique name
     /// if the path is a directory, and removed when the `Vm` goes; the
-    /// page daemon pages out to it when memory runs low. Needs
-    /// `page_daemon`. Default none: anonymous memory is not reclaimable.
+    /// page daemon pages out to it when memory runs low. With it the
+    /// daemon also keeps page queues (aging by reference marks) and
+    /// reclaims file pages, writing dirty ones back to their file. Needs
+    /// `page_daemon`. Default none: anonymous memory is not reclaimable,
+    /// and the fault path does no queue work.
     pub swap: Option<std::path::PathBuf>,
     /// Bytes of the swap file; 0 means twice `phys_bytes`. Default 0.
     pub swap_bytes: u64,

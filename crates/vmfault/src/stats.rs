@@ -111,6 +111,8 @@ stats! {
         pageouts: "pages the page daemon wrote to swap and freed",
         pageout_failures: "pageouts abandoned after the page was taken (write error, mapping busy, page gone)",
         swap_write_errors: "writes to the swap file that failed (the page stayed resident)",
+        file_pageouts: "file pages the page daemon freed (written back first if dirty; read again on the next fault)",
+        daemon_file_writebacks: "dirty file pages the page daemon wrote back before freeing them",
         swap_used_pages: "swap slots holding a page now",
         swap_total_pages: "swap slots in all (0: no swap)",
         active_pages: "pages on the active queue (swap configured; pages in vCPUs' batches not yet)",

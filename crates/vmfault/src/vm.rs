@@ -60,7 +60,7 @@ pub(crate) struct Machine {
     /// The swap file (`VmConfig::swap`; its own lock inside).
     pub(crate) swap: Option<crate::reclaim::Swap>,
     /// The anonymous objects, registered only with swap (locks inside).
-    pub(crate) swappable: crate::object::Swappable,
+    pub(crate) reclaimable: crate::object::Reclaimable,
 }
 
 impl Machine {
@@ -226,7 +226,7 @@ impl Vm {
             pv,
             spaces: Default::default(),
             orphans: Default::default(),
-            swappable: crate::object::Swappable::new(swap.is_some()),
+            reclaimable: crate::object::Reclaimable::new(swap.is_some()),
             swap,
         });
         if m.config.pcpu_drain_hz > 0 {
@@ -325,6 +325,8 @@ impl Vm {
             pageouts: phys.doorbell.pageouts.load(std::sync::atomic::Ordering::Relaxed),
             pageout_failures: phys.doorbell.failures.load(std::sync::atomic::Ordering::Relaxed),
             swap_write_errors: phys.doorbell.write_errors.load(std::sync::atomic::Ordering::Relaxed),
+            file_pageouts: phys.doorbell.file_pageouts.load(std::sync::atomic::Ordering::Relaxed),
+            daemon_file_writebacks: phys.doorbell.file_writebacks.load(std::sync::atomic::Ordering::Relaxed),
             swap_used_pages: self.m.swap.as_ref().map_or(0, |s| s.used()),
             swap_total_pages: self.m.swap.as_ref().map_or(0, |s| s.slots()),
             active_pages: phys.queues.as_ref().map_or(0, |q| q.lens().0),

@@ -301,6 +301,46 @@ fn munmap_racing_pageout_loses_nothing_and_leaks_nothing() {
     assert_eq!((end.active_pages, end.inactive_pages), (0, 0), "queues empty: {end:?}");
 }
 
+/// File pages are reclaimed too (with swap configured, the queues hold
+/// them): a shared mapping of a file twice physical memory, written
+/// through and read back in random order, goes back to its file page by
+/// page (dirty ones written first); the file holds every byte; a private
+/// mapping reads it all again through the cache.
+#[test]
+fn file_pages_over_memory_go_back_to_their_file() {
+    const PHYS: u64 = 256;
+    let pages = 2 * PHYS;
+    let path = std::env::temp_dir().join(format!("vmfault-test-filereclaim-{}", std::process::id()));
+    std::fs::write(&path, vec![0u8; (pages * P) as usize]).unwrap();
+    let vm = swap_vm("file", PHYS, 2, |_| {});
+    let space = vm.new_space().unwrap();
+    let _cpu = vm.attach().unwrap();
+    let f = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+    let base = space.mmap_file(0, pages * P, RW, MapFlags::SHARED, &f, 0).unwrap();
+    for p in 0..pages {
+        space.write(base + p * P, &pattern(10, p)).unwrap();
+    }
+    for p in shuffled(pages, 13) {
+        check(&space, base, 10, p);
+    }
+    let s = vm.stats();
+    assert!(s.file_pageouts > 0 && s.daemon_file_writebacks > 0, "{s:?}");
+    space.munmap(base, pages * P).unwrap();
+    let disk = std::fs::read(&path).unwrap();
+    for p in 0..pages {
+        let at = (p * P) as usize;
+        assert!(disk[at..at + P as usize] == pattern(10, p), "page {p} of the file");
+    }
+    let ro = std::fs::File::open(&path).unwrap();
+    let private = space.mmap_file(0, pages * P, Prot::READ, MapFlags::PRIVATE, &ro, 0).unwrap();
+    for p in shuffled(pages, 17) {
+        check(&space, private, 10, p);
+    }
+    assert!(vm.stats().file_pageouts > s.file_pageouts, "clean pages were dropped too");
+    drop(space);
+    std::fs::remove_file(&path).unwrap();
+}
+
 #[test]
 fn swap_needs_the_page_daemon() {
     let path = std::env::temp_dir().join(format!("vmfault-test-nodaemon-{}.swap", std::process::id()));

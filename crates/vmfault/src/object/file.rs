@@ -36,7 +36,7 @@ use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 
-use super::{DIRTY, Insert, Object, PRESENT};
+use super::{DIRTY, Insert, Object, PRESENT, SwapOut};
 use crate::error::{Error, Op, Result};
 use crate::phys::Pfn;
 use crate::pmap::OutOfFrames;
@@ -284,6 +284,38 @@ impl Object {
             n += run;
         }
         Ok(pages.len() as u64)
+    }
+
+    /// The page daemon's half of reclaiming file page `pfn` at `pindex`
+    /// (`reclaim::pageout`): the caller has isolated it (unmapped,
+    /// `BLOCKED`, after a grace period), so no store can reach it. Write it
+    /// back if it is dirty, then take it out of the index by a CAS from the
+    /// value it had: the next fault reads it from the file again. `Lost`
+    /// if the entry changed meanwhile (`msync` took the dirty bit, a write
+    /// fault set it again) or the write failed (the page stays dirty).
+    pub(crate) fn evict_file_page(&self, pindex: u64, pfn: Pfn) -> SwapOut {
+        let Some(fd) = &self.file else { return SwapOut::Lost };
+        let Some(leaf) = self.index.leaf(&self.m.phys, pindex) else { return SwapOut::Lost };
+        let e = leaf.entry.load(std::sync::atomic::Ordering::Acquire);
+        if e & PRESENT == 0 || e >> 12 != u64::from(pfn.0) {
+            return SwapOut::Lost;
+        }
+        if e & DIRTY != 0 {
+            if let Err(err) = self.copy_out(fd, &[(pindex, pfn)]) {
+                tracing::warn!(target: "vmfault::reclaim", error = %err, pindex, "write-back of a file page failed: it stays");
+                return SwapOut::Lost;
+            }
+            self.m.phys.doorbell.file_writebacks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        match leaf.entry.compare_exchange(
+            e,
+            0,
+            std::sync::atomic::Ordering::AcqRel,
+            std::sync::atomic::Ordering::Relaxed,
+        ) {
+            Ok(_) => SwapOut::Done,
+            Err(_) => SwapOut::Lost,
+        }
     }
 
     fn redirty(&self, pages: &[(u64, Pfn)]) {

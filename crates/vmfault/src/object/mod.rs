@@ -52,7 +52,7 @@ mod swap;
 pub(crate) use file::{FileData, Files};
 pub(crate) use rmap::{BackingKey, ObjRmap, Pv, PvTable, RmapTotals};
 pub(crate) use shadow::{Absorbed, Found};
-pub(crate) use swap::{SwapOut, Swappable};
+pub(crate) use swap::{Reclaimable, SwapOut};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -123,9 +123,7 @@ impl Object {
                 b.rmap.add_shadow(m, me.clone());
             }
             let id = ctx.new_object_id();
-            if file.is_none() {
-                m.swappable.add(id, me.clone());
-            }
+            m.reclaimable.add(id, me.clone());
             Object {
                 id,
                 index,
@@ -180,7 +178,7 @@ impl Object {
         desc.object.store(self.id, Ordering::Relaxed);
         desc.pindex.store(pindex, Ordering::Relaxed);
         desc.refs.set_objref();
-        let queued = phys.queues.is_some() && !self.is_file();
+        let queued = phys.queues.is_some();
         if queued {
             PageQueues::mark(desc, Queue::Active);
         }
@@ -259,10 +257,9 @@ pub(crate) enum Insert {
 
 impl Drop for Object {
     fn drop(&mut self) {
+        self.m.reclaimable.remove(self.id);
         if self.file.is_some() {
             self.drop_file();
-        } else {
-            self.m.swappable.remove(self.id);
         }
         self.rmap.clear(&self.m);
         if let Some(b) = self.backing.get_mut().take() {

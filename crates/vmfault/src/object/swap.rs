@@ -21,11 +21,12 @@
 //! # Finding the pages
 //! The page daemon takes its candidates from the page queues
 //! (`phys::queues`) and finds each one's object by the owner id in its
-//! descriptor: with swap configured, every anonymous object registers in
-//! [`Swappable`] for its life, so the daemon needs no space's map lock (a
-//! vCPU may hold one while it waits for the daemon to free a frame). The
-//! registry is sharded by object id; objects are made and dropped at
-//! `mmap`/`fork` rate, not per fault, and without swap nothing registers.
+//! descriptor: with swap configured, every object (anonymous or file)
+//! registers in [`Reclaimable`] for its life, so the daemon needs no
+//! space's map lock (a vCPU may hold one while it waits for the daemon to
+//! free a frame). The registry is sharded by object id; objects are made
+//! and dropped at `mmap`/`fork` rate, not per fault, and without swap
+//! nothing registers.
 
 #![deny(unsafe_code)]
 
@@ -51,9 +52,10 @@ pub(crate) enum SwapOut {
     Busy,
 }
 
-/// The anonymous objects of a `Vm` with swap (see the module docs).
+/// The objects of a `Vm` with swap, anonymous and file (see the module
+/// docs).
 #[derive(Debug, Default)]
-pub(crate) struct Swappable {
+pub(crate) struct Reclaimable {
     /// `[I]` whether objects register (swap is configured).
     enabled: bool,
     /// By object id, sharded by its low bits (each shard its own lock,
@@ -61,17 +63,17 @@ pub(crate) struct Swappable {
     shards: [Mutex<HashMap<u64, Weak<Object>>>; 16],
 }
 
-impl Swappable {
+impl Reclaimable {
     /// A registry; `enabled` when the `Vm` has swap.
-    pub(crate) fn new(enabled: bool) -> Swappable {
-        Swappable { enabled, ..Swappable::default() }
+    pub(crate) fn new(enabled: bool) -> Reclaimable {
+        Reclaimable { enabled, ..Reclaimable::default() }
     }
 
     fn shard(&self, id: u64) -> &Mutex<HashMap<u64, Weak<Object>>> {
         &self.shards[(id % 16) as usize]
     }
 
-    /// Register `o` (an anonymous object being made).
+    /// Register `o` (an object being made).
     pub(super) fn add(&self, id: u64, o: Weak<Object>) {
         if self.enabled {
             self.shard(id).lock().unwrap_or_else(|p| p.into_inner()).insert(id, o);
@@ -85,12 +87,12 @@ impl Swappable {
         }
     }
 
-    /// Object `id`, if it is alive and its pages may go to swap (the page
-    /// daemon names it by a page descriptor's owner id). The caller drops
-    /// it outside any read-side section.
+    /// Object `id`, if it is alive and its pages may be reclaimed (the
+    /// page daemon names it by a page descriptor's owner id). The caller
+    /// drops it outside any read-side section.
     pub(crate) fn get(&self, id: u64) -> Option<Arc<Object>> {
         let o = self.shard(id).lock().unwrap_or_else(|p| p.into_inner()).get(&id).and_then(Weak::upgrade)?;
-        o.swappable().then_some(o)
+        o.reclaimable().then_some(o)
     }
 }
 
@@ -104,10 +106,11 @@ impl Object {
         Some(o)
     }
 
-    /// Whether the daemon may page this object's pages out: anonymous
-    /// (a file's pages go back to the file, not to swap).
-    pub(crate) fn swappable(&self) -> bool {
-        !self.is_file() && !self.absorbed.load(Ordering::Relaxed)
+    /// Whether the daemon may take this object's pages: not absorbed by a
+    /// collapse (its pages are moving up). An anonymous object's go to
+    /// swap, a file's back to the file ([`Object::evict_file_page`]).
+    pub(crate) fn reclaimable(&self) -> bool {
+        !self.absorbed.load(Ordering::Relaxed)
     }
 
     /// Replace page `pfn` at `pindex` by swap slot `slot`. On

@@ -10,10 +10,12 @@
 //!    busy. Frames cached by vCPUs that stopped allocating are memory that
 //!    is free but unusable by the others; the seed's remote drain exists
 //!    for exactly this caller;
-//! 2. with a swap file (`VmConfig::swap`), page anonymous pages out until
-//!    the list holds one and a half times the target (`pageout.rs`, the
-//!    protocol there), in the order of the page queues (`phys::queues`:
-//!    active and inactive lists, aged by reference marks).
+//! 2. with a swap file (`VmConfig::swap`), reclaim pages until the list
+//!    holds one and a half times the target (`pageout.rs`, the protocol
+//!    there), in the order of the page queues (`phys::queues`: active and
+//!    inactive lists, aged by reference marks): anonymous pages go to
+//!    swap, file pages back to their file (written first if dirty) and are
+//!    read again by the next fault.
 //!
 //! With swap, an allocation that finds no frame at all, on a vCPU outside
 //! any read-side section, waits for the daemon ([`Doorbell::wait_for`],
@@ -23,9 +25,10 @@
 //! daemon never blocks on a lock such a vCPU may hold: it takes no map
 //! lock (`aspace::rmap`) and only tries object locks (`object::swap`).
 //!
-//! Not yet: pageout of dirty shared-file pages to their files, and direct
-//! reclaim by allocating vCPUs (the one daemon thread is the ceiling of
-//! swap throughput).
+//! Without swap there are no queues and nothing is reclaimed but the
+//! per-CPU caches (and the recently used files nothing maps, dropped by a
+//! file fill that finds no frame). Not yet: direct reclaim by allocating
+//! vCPUs (the one daemon thread is the ceiling of swap throughput).
 //!
 //! # Wakeup protocol
 //!
@@ -85,6 +88,10 @@ pub(crate) struct Doorbell {
     pub(crate) failures: AtomicU64,
     /// `[a]` failed writes to the swap file.
     pub(crate) write_errors: AtomicU64,
+    /// `[a]` file pages the daemon freed (written back first if dirty).
+    pub(crate) file_pageouts: AtomicU64,
+    /// `[a]` of those, dirty ones it wrote back.
+    pub(crate) file_writebacks: AtomicU64,
 }
 
 impl Doorbell {

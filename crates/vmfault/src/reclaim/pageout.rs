@@ -1,5 +1,6 @@
-//! Pageout of anonymous pages to swap (FreeBSD's `vm_pageout_scan` with
-//! `vm_page_try_remove_all`, on protocol 5's reference counts).
+//! Pageout (FreeBSD's `vm_pageout_scan` with `vm_page_try_remove_all`, on
+//! protocol 5's reference counts): anonymous pages to swap, file pages
+//! back to their file.
 //!
 //! # Choosing pages
 //! From the page queues (`phys::queues`): first *age* (keep the inactive
@@ -24,9 +25,12 @@
 //!    (`aspace::unmap_everywhere_unlocked`: no map lock, see there).
 //! 3. *Wait for a grace period* (once per batch): no store through an old
 //!    PTE is still in flight, so the contents are final.
-//! 4. *Write* it to a free swap slot. An error gives the page up: it stays
-//!    in its object, resident and intact, and is mapped again by the next
-//!    fault.
+//! 4. *Write* an anonymous page to a free swap slot. An error gives the
+//!    page up: it stays in its object, resident and intact, and is mapped
+//!    again by the next fault. A file page is written to its file if its
+//!    entry is dirty, in step 5 ([`Object::evict_file_page`]), and then
+//!    leaves the index by a CAS from the entry it had (a failed write, or
+//!    an entry that changed: `msync` took the dirty bit, gives it up).
 //! 5. *Replace* it by the slot in its object ([`Object::swap_out`]: a CAS
 //!    under the object lock, only tried: a page-in holds it around its
 //!    read of a slot, so busy ones are tried again for up to 5 ms). Won: drop the object's reference and the
@@ -104,7 +108,7 @@ pub(super) fn run(m: &Machine, swap: &Swap, reader: &RcuReader, want: u64) -> Ro
         }
         // The owner as the descriptor names it, checked below.
         let pindex = page.pindex.load(Ordering::Relaxed);
-        let Some(o) = m.swappable.get(page.object.load(Ordering::Relaxed)) else {
+        let Some(o) = m.reclaimable.get(page.object.load(Ordering::Relaxed)) else {
             // Its object is going away: the page is on its way to a free
             // list (or moves to the object that absorbs it).
             in_flight += 1;
@@ -139,6 +143,11 @@ pub(super) fn run(m: &Machine, swap: &Swap, reader: &RcuReader, want: u64) -> Ro
     let mut out = 0;
     let mut written = Vec::with_capacity(isolated.len());
     for (o, pindex, pfn) in isolated {
+        if o.is_file() {
+            // A file page goes back to its file (written there if dirty).
+            written.push((o, pindex, pfn, None));
+            continue;
+        }
         let Some(slot) = swap.alloc() else {
             give_up(m, pfn, &mut freed, &mut back);
             continue;
@@ -151,30 +160,43 @@ pub(super) fn run(m: &Machine, swap: &Swap, reader: &RcuReader, want: u64) -> Ro
             give_up(m, pfn, &mut freed, &mut back);
             continue;
         }
-        written.push((o, pindex, pfn, slot));
+        written.push((o, pindex, pfn, Some(slot)));
     }
     // Replace the written pages in their objects. A page-in holds its
     // object's lock around one read of a slot: try the busy ones again for
     // a while before giving them up.
+    let mut file_out = 0;
     let deadline = Instant::now() + BUSY_WAIT;
     loop {
-        written.retain(|(o, pindex, pfn, slot)| match o.swap_out(*pindex, *pfn, *slot) {
-            SwapOut::Done => {
-                let refs = &m.phys.page(*pfn).refs;
-                let unwired = refs.release_objref();
-                debug_assert!(!unwired, "the daemon's wiring holds the page");
-                let last = refs.unwire();
-                debug_assert!(last, "nothing else references an isolated page");
-                freed.push(*pfn);
-                out += 1;
-                false
+        written.retain(|(o, pindex, pfn, slot)| {
+            let done = match slot {
+                Some(slot) => o.swap_out(*pindex, *pfn, *slot),
+                None => o.evict_file_page(*pindex, *pfn),
+            };
+            match done {
+                SwapOut::Done => {
+                    let refs = &m.phys.page(*pfn).refs;
+                    let unwired = refs.release_objref();
+                    debug_assert!(!unwired, "the daemon's wiring holds the page");
+                    let last = refs.unwire();
+                    debug_assert!(last, "nothing else references an isolated page");
+                    freed.push(*pfn);
+                    if slot.is_some() {
+                        out += 1;
+                    } else {
+                        file_out += 1;
+                    }
+                    false
+                }
+                SwapOut::Lost => {
+                    if let Some(slot) = slot {
+                        swap.free(*slot);
+                    }
+                    give_up(m, *pfn, &mut freed, &mut back);
+                    false
+                }
+                SwapOut::Busy => true,
             }
-            SwapOut::Lost => {
-                swap.free(*slot);
-                give_up(m, *pfn, &mut freed, &mut back);
-                false
-            }
-            SwapOut::Busy => true,
         });
         if written.is_empty() || Instant::now() > deadline {
             break;
@@ -182,9 +204,12 @@ pub(super) fn run(m: &Machine, swap: &Swap, reader: &RcuReader, want: u64) -> Ro
         std::thread::yield_now();
     }
     for (_, _, pfn, slot) in written {
-        swap.free(slot);
+        if let Some(slot) = slot {
+            swap.free(slot);
+        }
         give_up(m, pfn, &mut freed, &mut back);
     }
+    bell.file_pageouts.fetch_add(file_out, Ordering::Relaxed);
     bell.pageouts.fetch_add(out, Ordering::Relaxed);
     let n = freed.len() as u64;
     m.phys.free_after_grace(&m.rcu, &freed);
