@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use vmfault::{AddressSpace, Error, FaultPath, MapFlags, Prot, Vm, VmConfig};
+use vmfault::{AddressSpace, Error, FaultPath, MapFlags, Prot, Stats, Vm, VmConfig};
 
 const P: u64 = 4096;
 const RW: Prot = Prot::READ.union(Prot::WRITE);
@@ -26,6 +26,19 @@ fn check(space: &AddressSpace, base: u64, tag: u64, page: u64) {
     let mut buf = vec![0u8; P as usize];
     space.read(base + page * P, &mut buf).unwrap();
     assert!(buf == pattern(tag, page), "page {page} of {tag:#x} lost its contents");
+}
+
+/// The statistics once `done` holds of them, or after 10 s: a daemon pass
+/// still running holds the pages it took (and a slot while it writes).
+fn settled(vm: &Vm, done: impl Fn(&Stats) -> bool) -> Stats {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = vm.stats();
+        if done(&s) || Instant::now() > deadline {
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// A tiny xorshift for a reproducible random order.
@@ -104,14 +117,7 @@ fn over_commit(path: FaultPath) {
     space.munmap(wired, WIRED * P).unwrap();
     drop(space);
     // A daemon pass still running holds the pages it took: let it end.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let end = loop {
-        let end = vm.stats();
-        if end.free_pages == free_at_start || Instant::now() > deadline {
-            break end;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    };
+    let end = settled(&vm, |s| s.free_pages == free_at_start);
     assert_eq!(end.swap_used_pages, 0, "{path:?}: every slot freed: {end:?}");
     assert_eq!(end.free_pages, free_at_start, "{path:?}: every frame back: {end:?}");
     assert_eq!(end.data_pages, 0, "{path:?}: {end:?}");
@@ -154,12 +160,7 @@ fn a_failing_swap_write_loses_nothing() {
     // The daemon may still be in a pass (each waiting allocation rang it):
     // a slot is in use while its write is under way, and freed when it
     // fails. Give the daemon time to end; a leaked slot stays counted.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut s = vm.stats();
-    while s.swap_used_pages != 0 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(10));
-        s = vm.stats();
-    }
+    let s = settled(&vm, |s| s.swap_used_pages == 0);
     assert_eq!(s.swap_used_pages, 0, "failed slots are free again: {s:?}");
     for p in 0..written {
         check(&space, base, 3, p);
@@ -288,14 +289,7 @@ fn munmap_racing_pageout_loses_nothing_and_leaks_nothing() {
     let s = vm.stats();
     assert!(s.pageouts > 0 && s.pageins > 0, "{s:?}");
     drop(space);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let end = loop {
-        let end = vm.stats();
-        if end.free_pages == free_at_start || Instant::now() > deadline {
-            break end;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    };
+    let end = settled(&vm, |s| s.free_pages == free_at_start);
     assert_eq!(end.free_pages, free_at_start, "every frame back: {end:?}");
     assert_eq!((end.swap_used_pages, end.data_pages), (0, 0), "{end:?}");
     assert_eq!((end.active_pages, end.inactive_pages), (0, 0), "queues empty: {end:?}");

@@ -70,8 +70,9 @@ pub(super) struct Round {
     /// Inactive pages looked at.
     pub(super) looked: u64,
     /// Of those, pages that could not be taken though their object still
-    /// holds a reference: wired, or changing. Referenced pages are not
-    /// stuck: their mark is cleared, the next look may take them.
+    /// holds a reference (wired, or changing), or were taken and given up
+    /// (a failed write, no free slot). Referenced pages are not stuck:
+    /// their mark is cleared, the next look may take them.
     pub(super) stuck: u64,
     /// Of those, pages on their way to a free list (taken out of their
     /// object by `munmap`, waiting for its grace period; or their object is
@@ -134,7 +135,8 @@ pub(super) fn run(m: &Machine, swap: &Swap, reader: &RcuReader, want: u64) -> Ro
     }
     q.requeue(pages, &back);
     back.clear();
-    if !isolated.is_empty() {
+    let taken = isolated.len() as u64;
+    if taken > 0 {
         m.rcu.synchronize();
     }
     let bell = &m.phys.doorbell;
@@ -214,6 +216,9 @@ pub(super) fn run(m: &Machine, swap: &Swap, reader: &RcuReader, want: u64) -> Ro
     let n = freed.len() as u64;
     m.phys.free_after_grace(&m.rcu, &freed);
     q.requeue(pages, &back);
+    // Pages taken but given up (a failed write, no free slot, an entry
+    // that changed) are stuck too.
+    stuck += taken - out - file_out;
     Round { freed: n, looked, stuck, in_flight }
 }
 
