@@ -52,9 +52,9 @@
 //!         └── PTE lock [P]            (one word per page-table page; speculative
 //!             │                        faults only try-lock it, holding nothing else)
 //!             ├── page lock           (refcount=pagelock only: one of 256 hashed words,
-//!             │                        held around a wiring change, nothing inside)
-//!             ├── page-queue lock [Q] (swap only: a vCPU applying its full batch of new
-//!             │                        pages, the daemon, a free path; nothing inside)
+//!             │   │                    held around a wiring or queue change)
+//!             │   └── page-queue lock [Q] (swap only: a vCPU applying its full batch of
+//!             │                        new pages, the daemon, a free path; nothing inside)
 //!             └── free-list lock [F]
 //! ```
 //!

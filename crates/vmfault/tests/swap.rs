@@ -335,6 +335,22 @@ fn file_pages_over_memory_go_back_to_their_file() {
     std::fs::remove_file(&path).unwrap();
 }
 
+/// The `refcount=pagelock` baseline puts new pages on their queue under
+/// the page lock (one acquisition per page); atomic mode takes none.
+#[test]
+fn queue_changes_take_page_locks_only_in_the_baseline() {
+    for (mode, want) in [(vmfault::Refcount::PageLock, 64), (vmfault::Refcount::Atomic, 0)] {
+        let vm = swap_vm("qlock", 1024, 2, |c| c.refcount = mode);
+        let space = vm.new_space().unwrap();
+        let _cpu = vm.attach().unwrap();
+        let base = space.mmap(0, 64 * P, RW, PA).unwrap();
+        for p in 0..64 {
+            space.write(base + p * P, &pattern(12, p)).unwrap();
+        }
+        assert_eq!(vm.stats().page_lock_acquisitions, want, "{mode:?}");
+    }
+}
+
 #[test]
 fn swap_needs_the_page_daemon() {
     let path = std::env::temp_dir().join(format!("vmfault-test-nodaemon-{}.swap", std::process::id()));

@@ -115,6 +115,9 @@ impl<'a> Frames<'a> {
     #[inline]
     pub(crate) fn enqueue(&self, pfn: Pfn) {
         if let (Some(q), Some(cpu)) = (&self.phys.queues, &self.cpu) {
+            // The baseline (`refcount=pagelock`) changes queues under the
+            // page's lock; nothing otherwise.
+            let _lock = self.phys.page_lock(pfn, Some(cpu.counters));
             q.enqueue(&self.phys.pages, cpu.rcu, cpu.reader, pfn);
         }
     }

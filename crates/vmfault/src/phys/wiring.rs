@@ -12,7 +12,9 @@
 //!   vCPUs wiring nearby pages contend even when the pages differ. Every
 //!   acquisition is counted (`page_lock_acquisitions`).
 //!
-//! Every wiring is counted (`wirings`) on the vCPU that made it.
+//! Every wiring is counted (`wirings`) on the vCPU that made it. In the
+//! baseline a page's queue change (`Frames::enqueue`, with swap) takes its
+//! page lock too, as `vm_page_activate` did before the seed.
 
 use super::{Pfn, PhysMem};
 use crate::stats::{Counter, CounterSet};
@@ -54,7 +56,7 @@ impl PageLocks {
 impl PhysMem {
     /// The page lock of `pfn` in the baseline mode; nothing otherwise.
     #[inline]
-    fn page_lock(&self, pfn: Pfn, counters: Option<&CounterSet>) -> Option<WordGuard<'_>> {
+    pub(super) fn page_lock(&self, pfn: Pfn, counters: Option<&CounterSet>) -> Option<WordGuard<'_>> {
         self.page_locks.as_ref().map(|l| l.lock(pfn, counters))
     }
 
