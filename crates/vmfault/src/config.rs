@@ -296,6 +296,11 @@ impl VmConfig {
         if self.swap.is_some() && !self.page_daemon {
             return Err(Error::Config { reason: "swap needs the page daemon (page_daemon=true)", value: 0 });
         }
+        if self.swap.is_some() && self.rmap == Rmap::PvEntry {
+            // The daemon unmaps through backing records; a fault adds its pv
+            // entry after its BLOCKED check, which a pv walk would miss.
+            return Err(Error::Config { reason: "swap needs rmap=backing (the pv baseline has no pageout)", value: 0 });
+        }
         if self.swap.is_some() && self.swap_bytes != 0 && self.swap_bytes < crate::PAGE_SIZE {
             return Err(Error::Config { reason: "swap_bytes must hold at least one page", value: self.swap_bytes });
         }

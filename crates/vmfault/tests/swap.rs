@@ -182,8 +182,16 @@ fn a_failing_swap_write_loses_nothing() {
 /// are read back into it; both sides keep their own contents.
 #[test]
 fn fork_chains_survive_pageout() {
+    for path in [FaultPath::Speculative, FaultPath::MapLock, FaultPath::VmaLock] {
+        fork_chains(path);
+    }
+}
+
+/// Copy-on-write across swap on one fault path (the classic one copies the
+/// page below inside its section: the daemon may page it out before).
+fn fork_chains(path: FaultPath) {
     const PHYS: u64 = 1024;
-    let vm = swap_vm("fork", PHYS, 2, |_| {});
+    let vm = swap_vm(&format!("fork-{}", path.name()), PHYS, 2, |c| c.fault_path = path);
     let parent = vm.new_space().unwrap();
     let _cpu = vm.attach().unwrap();
     let pages = PHYS;
@@ -357,4 +365,8 @@ fn swap_needs_the_page_daemon() {
     let e = Vm::new(VmConfig { swap: Some(path), page_daemon: false, ..VmConfig::default() }).unwrap_err();
     assert_eq!(e.errno(), libc::EINVAL);
     assert!(e.to_string().contains("page daemon"), "{e}");
+    let path = std::env::temp_dir().join(format!("vmfault-test-pv-{}.swap", std::process::id()));
+    let e = Vm::new(VmConfig { swap: Some(path), rmap: vmfault::Rmap::PvEntry, ..VmConfig::default() }).unwrap_err();
+    assert_eq!(e.errno(), libc::EINVAL);
+    assert!(e.to_string().contains("rmap=backing"), "{e}");
 }

@@ -90,7 +90,12 @@ pub(super) fn resolve_stable(
             _ => break found,
         }
     };
-    let fresh = new_page(ctx, &frames, vma, object, pindex, found, &fault).map_err(|lack| {
+    // A copy of the page below is made inside the section below, from the
+    // page found there: the daemon may page the one found above out, and
+    // its frame be reused, once the lookup's section has ended.
+    let copy_below = matches!(found, Found::Below(_)) && fault.access == Access::Write;
+    let mut fresh = new_page(ctx, &frames, vma, object, pindex, if copy_below { Found::Zero } else { found }, &fault)
+        .map_err(|lack| {
         if lack == Lack::Frame {
             ctx.count(Counter::fault_nomem);
         }
@@ -107,6 +112,19 @@ pub(super) fn resolve_stable(
         return Ok(Resolved::Retry);
     }
     let (existing, below) = split(now);
+    if copy_below
+        && existing.is_none()
+        && let Some(frame) = fresh.as_mut()
+    {
+        match below {
+            Some(src) => phys.copy_into(frame, src),
+            None => {
+                // The page below went meanwhile (paged out): look again.
+                frames.free_owned(fresh.take().expect("checked"));
+                return Ok(Resolved::Retry);
+            }
+        }
+    }
     let (ptl, contended) = Pmap::lock(phys, &leaf);
     if contended {
         ctx.count(Counter::pte_lock_contended);

@@ -14,11 +14,12 @@
 //! - *Dirty*: a shared mapping maps a file page read-only on a read fault,
 //!   so the first store faults and marks the entry `DIRTY` (Linux's write
 //!   notification, `vma_wants_writenotify`).
-//! - *Write-back* ([`Object::write_back`]): for each dirty page, clear the
-//!   bit, write-protect every PTE that maps it, wherever it is (the reverse
-//!   map: `aspace::rmap`), wait for a grace period so that no store through
-//!   an old writable PTE is still in flight, then `pwrite` it, never past
-//!   the end of the file. A store after the write-protection faults and
+//! - *Write-back* ([`Object::write_back`]): for each dirty page, trade the
+//!   bit for `WRITEBACK` (which keeps the page daemon off the page until
+//!   the write ends), write-protect every PTE that maps it, wherever it
+//!   is (the reverse map: `aspace::rmap`), wait for a grace period so that
+//!   no store through an old writable PTE is still in flight, then
+//!   `pwrite` it, never past the end of the file. A store after the write-protection faults and
 //!   dirties the page again; a failed write marks it dirty again, so
 //!   nothing is lost. `msync` and `munmap` write back their range, the
 //!   object's end everything.
@@ -36,7 +37,7 @@ use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 
-use super::{DIRTY, Insert, Object, PRESENT, SwapOut};
+use super::{DIRTY, Insert, Object, PRESENT, SwapOut, WRITEBACK};
 use crate::error::{Error, Op, Result};
 use crate::phys::Pfn;
 use crate::pmap::OutOfFrames;
@@ -210,17 +211,37 @@ impl Object {
         }
     }
 
-    /// Take the dirty pages of `start..end`: clear their bits and return them.
+    /// Take the dirty pages of `start..end`: trade each one's `DIRTY` for
+    /// `WRITEBACK` (one CAS, so a page the daemon took meanwhile is
+    /// skipped) and return them; [`Object::end_writeback`] clears it.
     fn take_dirty(&self, start: u64, end: u64) -> Vec<(u64, Pfn)> {
+        use std::sync::atomic::Ordering::{AcqRel, Relaxed};
         let mut out = Vec::new();
         self.index.for_each_present(&self.m.phys, start, end, |i, leaf| {
-            let e = leaf.entry.load(std::sync::atomic::Ordering::Relaxed);
-            if e & DIRTY != 0 && e & PRESENT != 0 {
-                let old = leaf.entry.fetch_and(!DIRTY, std::sync::atomic::Ordering::AcqRel);
-                out.push((i, Pfn((old >> 12) as u32)));
+            let mut e = leaf.entry.load(Relaxed);
+            while e & DIRTY != 0 && e & PRESENT != 0 {
+                match leaf.entry.compare_exchange_weak(e, (e & !DIRTY) | WRITEBACK, AcqRel, Relaxed) {
+                    Ok(_) => {
+                        out.push((i, Pfn((e >> 12) as u32)));
+                        break;
+                    }
+                    Err(now) => e = now,
+                }
             }
         });
         out
+    }
+
+    /// The write-back of `pages` ended (those it failed to write are dirty
+    /// again, `copy_out`): clear `WRITEBACK`. While it is set the entry
+    /// keeps its page: only the daemon takes a file page out, and it
+    /// leaves this one alone.
+    fn end_writeback(&self, pages: &[(u64, Pfn)]) {
+        for &(i, _) in pages {
+            if let Some(leaf) = self.index.leaf(&self.m.phys, i) {
+                leaf.entry.fetch_and(!WRITEBACK, std::sync::atomic::Ordering::AcqRel);
+            }
+        }
     }
 
     /// Write the dirty pages of `start..end` (page indexes) back to the
@@ -237,7 +258,11 @@ impl Object {
                     protect(pages)
                 }
             },
-            |pages| self.copy_out(fd, pages),
+            |pages| {
+                let r = self.copy_out(fd, pages);
+                self.end_writeback(pages);
+                r
+            },
         )
     }
 
@@ -290,15 +315,20 @@ impl Object {
     /// (`reclaim::pageout`): the caller has isolated it (unmapped,
     /// `BLOCKED`, after a grace period), so no store can reach it. Write it
     /// back if it is dirty, then take it out of the index by a CAS from the
-    /// value it had: the next fault reads it from the file again. `Lost`
-    /// if the entry changed meanwhile (`msync` took the dirty bit, a write
-    /// fault set it again) or the write failed (the page stays dirty).
+    /// value it had: the next fault reads it from the file again. `Busy`
+    /// while `msync` writes it back (`WRITEBACK`); `Lost` if the entry
+    /// changed meanwhile (`msync` took the dirty bit) or the write failed
+    /// (the page stays dirty).
     pub(crate) fn evict_file_page(&self, pindex: u64, pfn: Pfn) -> SwapOut {
         let Some(fd) = &self.file else { return SwapOut::Lost };
         let Some(leaf) = self.index.leaf(&self.m.phys, pindex) else { return SwapOut::Lost };
         let e = leaf.entry.load(std::sync::atomic::Ordering::Acquire);
         if e & PRESENT == 0 || e >> 12 != u64::from(pfn.0) {
             return SwapOut::Lost;
+        }
+        if e & WRITEBACK != 0 {
+            // `msync` is writing it: its copy reads this frame.
+            return SwapOut::Busy;
         }
         if e & DIRTY != 0 {
             if let Err(err) = self.copy_out(fd, &[(pindex, pfn)]) {

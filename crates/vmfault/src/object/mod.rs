@@ -100,6 +100,9 @@ const PRESENT: u64 = 1;
 const HOLE: u64 = 2;
 const DIRTY: u64 = 4;
 const SWAP: u64 = 8;
+/// A file page being written back (`file.rs`, Linux's `PG_writeback`):
+/// the page daemon leaves it alone until the write ends.
+const WRITEBACK: u64 = 16;
 
 impl Object {
     /// A new anonymous object.
