@@ -60,7 +60,9 @@
 //!
 //! The page daemon (`reclaim`) holds none of these across another: it
 //! takes no map lock, only tries object locks, and takes PTE locks one at
-//! a time inside an RCU section of its own. So a vCPU that finds no frame
+//! a time inside an RCU section of its own; the references to spaces and
+//! objects it took are dropped by a reaper thread, since the end of a
+//! space or a file object takes map locks. So a vCPU that finds no frame
 //! may wait for it (`Frames::alloc`, with swap) holding a map lock or an
 //! object lock, but never a PTE lock or inside a section. The daemon's
 //! doorbell mutex, the swap slot mutex and the shards of the anonymous

@@ -68,15 +68,16 @@ fn for_each_pte(m: &Machine, o: &Arc<Object>, pages: &[(u64, Pfn)], mut f: impl 
 /// every space, reading as `reader` and taking no map lock (see the module
 /// docs); returns the PTEs cleared. The caller has isolated the page (no
 /// new mapping of it can appear) and waits for a grace period afterwards.
+/// The spaces it found go to `grave`: the daemon may hold the last
+/// reference to one, whose end takes map locks (`reclaim::Grave`).
 pub(crate) fn unmap_everywhere_unlocked(
     m: &Machine,
     reader: &crate::sync::rcu::RcuReader,
     o: &Arc<Object>,
     pindex: u64,
     pfn: Pfn,
+    grave: &mut crate::reclaim::Grave,
 ) -> u64 {
-    // The spaces are dropped after the section (a space's end waits for
-    // a grace period).
     let spaces = candidates(m, o, pindex, pfn);
     let section = m.rcu.read_lock(reader);
     let mut cleared = 0;
@@ -92,6 +93,7 @@ pub(crate) fn unmap_everywhere_unlocked(
         });
     }
     drop(section);
+    grave.extend(spaces.into_iter().map(|(s, _)| Box::new(s) as Box<dyn Send>));
     cleared
 }
 

@@ -131,12 +131,29 @@ impl Doorbell {
     }
 }
 
+/// References to spaces and objects the daemon took while it worked. It
+/// may hold the last one: the end of a space or of a file object writes
+/// back and takes map locks, which a vCPU waiting for the daemon may hold.
+/// So they are dropped on a thread of their own (the reaper), never on
+/// the daemon's, outside any read-side section.
+pub(crate) type Grave = Vec<Box<dyn Send>>;
+
+fn spawn_reaper() -> Result<std::sync::mpsc::Sender<Grave>> {
+    let (tx, rx) = std::sync::mpsc::channel::<Grave>();
+    std::thread::Builder::new()
+        .name("vmfault-reaper".into())
+        .spawn(move || rx.into_iter().for_each(drop))
+        .map(|_| tx)
+        .map_err(|e| Error::Host { call: "spawn of the page daemon's reaper", errno: e.raw_os_error().unwrap_or(0) })
+}
+
 /// Start the page daemon of `m`, reading as `reader` (its own RCU reader).
 pub(crate) fn spawn_daemon(m: &Arc<Machine>, reader: RcuReader) -> Result<()> {
     let weak: Weak<Machine> = Arc::downgrade(m);
     let doorbell = Arc::clone(&m.phys.doorbell);
     doorbell.enabled.store(true, Ordering::Relaxed);
     doorbell.swap.store(m.swap.is_some(), Ordering::Relaxed);
+    let reaper = if m.swap.is_some() { Some(spawn_reaper()?) } else { None };
     std::thread::Builder::new()
         .name("vmfault-pagedaemon".into())
         .spawn(move || {
@@ -146,7 +163,14 @@ pub(crate) fn spawn_daemon(m: &Arc<Machine>, reader: RcuReader) -> Result<()> {
                 let Some(m) = weak.upgrade() else { return };
                 if rung {
                     doorbell.wakeups.fetch_add(1, Ordering::Relaxed);
-                    run_once(&m, &reader);
+                    run_once(&m, &reader, &mut |grave: &mut Grave| {
+                        if let Some(r) = &reaper
+                            && !grave.is_empty()
+                        {
+                            // Fails only once the reaper is gone (at the end).
+                            let _ = r.send(std::mem::take(grave));
+                        }
+                    });
                 }
             }
         })
@@ -155,7 +179,8 @@ pub(crate) fn spawn_daemon(m: &Arc<Machine>, reader: RcuReader) -> Result<()> {
 }
 
 /// One pass: below the target, drain every per-CPU cache, then page out.
-fn run_once(m: &Machine, reader: &RcuReader) {
+fn run_once(m: &Machine, reader: &RcuReader, bury: &mut dyn FnMut(&mut Grave)) {
+    let mut grave = Grave::new();
     let bell = &m.phys.doorbell;
     let target = m.phys.free_target();
     let mut freed = 0;
@@ -175,7 +200,8 @@ fn run_once(m: &Machine, reader: &RcuReader) {
         let (mut stuck, mut empty) = (0, 0);
         while m.phys.global_free_frames() < high && empty < 2 {
             bell.scans.fetch_add(1, Ordering::Relaxed);
-            let r = pageout::run(m, swap, reader, (high - m.phys.global_free_frames()).min(64));
+            let r = pageout::run(m, swap, reader, (high - m.phys.global_free_frames()).min(64), &mut grave);
+            bury(&mut grave);
             freed += r.freed;
             empty = if r.looked == 0 { empty + 1 } else { 0 };
             stuck = if r.freed > 0 { 0 } else { stuck + r.stuck };

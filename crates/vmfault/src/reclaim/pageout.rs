@@ -81,7 +81,7 @@ pub(super) struct Round {
 }
 
 /// Page out up to `want` pages.
-pub(super) fn run(m: &Machine, swap: &Swap, reader: &RcuReader, want: u64) -> Round {
+pub(super) fn run(m: &Machine, swap: &Swap, reader: &RcuReader, want: u64, grave: &mut super::Grave) -> Round {
     let phys = &m.phys;
     let q = phys.queues.as_ref().expect("a Vm with swap has page queues");
     let pages = phys.pages();
@@ -121,6 +121,7 @@ pub(super) fn run(m: &Machine, swap: &Swap, reader: &RcuReader, want: u64) -> Ro
             o.holds(pindex, pfn) && page.refs.try_isolate()
         };
         if !taken {
+            grave.push(Box::new(o));
             if page.refs.get() & OBJREF == 0 {
                 in_flight += 1; // taken out of its object, freed after a grace period
             } else {
@@ -130,7 +131,7 @@ pub(super) fn run(m: &Machine, swap: &Swap, reader: &RcuReader, want: u64) -> Ro
             back.push((pfn, if wired { Queue::Active } else { Queue::Inactive }));
             continue;
         }
-        crate::aspace::unmap_everywhere_unlocked(m, reader, &o, pindex, pfn);
+        crate::aspace::unmap_everywhere_unlocked(m, reader, &o, pindex, pfn, grave);
         isolated.push((o, pindex, pfn));
     }
     q.requeue(pages, &back);
@@ -152,6 +153,7 @@ pub(super) fn run(m: &Machine, swap: &Swap, reader: &RcuReader, want: u64) -> Ro
         }
         let Some(slot) = swap.alloc() else {
             give_up(m, pfn, &mut freed, &mut back);
+            grave.push(Box::new(o));
             continue;
         };
         m.phys.read_bytes(pfn, 0, &mut buf);
@@ -160,6 +162,7 @@ pub(super) fn run(m: &Machine, swap: &Swap, reader: &RcuReader, want: u64) -> Ro
             bell.write_errors.fetch_add(1, Ordering::Relaxed);
             swap.free(slot);
             give_up(m, pfn, &mut freed, &mut back);
+            grave.push(Box::new(o));
             continue;
         }
         written.push((o, pindex, pfn, Some(slot)));
@@ -170,46 +173,51 @@ pub(super) fn run(m: &Machine, swap: &Swap, reader: &RcuReader, want: u64) -> Ro
     let mut file_out = 0;
     let deadline = Instant::now() + BUSY_WAIT;
     loop {
-        written.retain(|(o, pindex, pfn, slot)| {
+        let mut busy = Vec::new();
+        for (o, pindex, pfn, slot) in written {
             let done = match slot {
-                Some(slot) => o.swap_out(*pindex, *pfn, *slot),
-                None => o.evict_file_page(*pindex, *pfn),
+                Some(slot) => o.swap_out(pindex, pfn, slot),
+                None => o.evict_file_page(pindex, pfn),
             };
             match done {
                 SwapOut::Done => {
-                    let refs = &m.phys.page(*pfn).refs;
+                    let refs = &m.phys.page(pfn).refs;
                     let unwired = refs.release_objref();
                     debug_assert!(!unwired, "the daemon's wiring holds the page");
                     let last = refs.unwire();
                     debug_assert!(last, "nothing else references an isolated page");
-                    freed.push(*pfn);
+                    freed.push(pfn);
                     if slot.is_some() {
                         out += 1;
                     } else {
                         file_out += 1;
                     }
-                    false
                 }
                 SwapOut::Lost => {
                     if let Some(slot) = slot {
-                        swap.free(*slot);
+                        swap.free(slot);
                     }
-                    give_up(m, *pfn, &mut freed, &mut back);
-                    false
+                    give_up(m, pfn, &mut freed, &mut back);
                 }
-                SwapOut::Busy => true,
+                SwapOut::Busy => {
+                    busy.push((o, pindex, pfn, slot));
+                    continue;
+                }
             }
-        });
+            grave.push(Box::new(o));
+        }
+        written = busy;
         if written.is_empty() || Instant::now() > deadline {
             break;
         }
         std::thread::yield_now();
     }
-    for (_, _, pfn, slot) in written {
+    for (o, _, pfn, slot) in written {
         if let Some(slot) = slot {
             swap.free(slot);
         }
         give_up(m, pfn, &mut freed, &mut back);
+        grave.push(Box::new(o));
     }
     bell.file_pageouts.fetch_add(file_out, Ordering::Relaxed);
     bell.pageouts.fetch_add(out, Ordering::Relaxed);
