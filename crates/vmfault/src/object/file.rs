@@ -19,10 +19,10 @@
 //!   the write ends), write-protect every PTE that maps it, wherever it
 //!   is (the reverse map: `aspace::rmap`), wait for a grace period so that
 //!   no store through an old writable PTE is still in flight, then
-//!   `pwrite` it, never past the end of the file. A store after the write-protection faults and
-//!   dirties the page again; a failed write marks it dirty again, so
-//!   nothing is lost. `msync` and `munmap` write back their range, the
-//!   object's end everything.
+//!   `pwrite` it, never past the end of the file. A store after the
+//!   write-protection faults and dirties the page again; a failed write
+//!   marks it dirty again, so nothing is lost. `msync` and `munmap` write
+//!   back their range, the object's end everything.
 //!
 //! The page cache is vmfault's own: writes to the file through `write(2)`
 //! while pages are cached are not seen by the mappings (and are overwritten
