@@ -207,3 +207,20 @@ fn populate_faults_everything_in() {
         load(0, 18),
     ]);
 }
+
+/// mprotect faults locked private memory that becomes writable in VMA by
+/// VMA: the first VMA gets its object before the second changes, and the
+/// second then merges with it but not with a neighbour that has another.
+#[test]
+fn mprotect_populates_locked_memory_vma_by_vma() {
+    check(&[
+        map(0, 6, R, true),
+        TOp::Mlock { off: 0, len: 4 * P },
+        protect(0, 2, RX),
+        protect(3, 3, RW),
+        protect(1, 3, RW),
+        load(0, 6),
+        store(2),
+        load(0, 6),
+    ]);
+}

@@ -4,7 +4,8 @@
 //! Linux semantics, including the non-atomic ones: the range must start
 //! inside a mapping; VMAs are changed one after the other and a hole stops
 //! the walk with `ENOMEM`, leaving the VMAs before it changed. VMAs are split
-//! at the range edges and merged with compatible neighbours afterwards.
+//! at the range edges and merged with compatible neighbours one VMA after
+//! the other (locked memory made writable gets its object in between).
 //!
 //! PTEs are narrowed at once (write or execute rights taken away, or
 //! cleared for `PROT_NONE`: the pages stay in their objects). Widening is
@@ -133,7 +134,6 @@ impl Space {
         let mut result = Ok(());
         // Only changed VMAs merge with their neighbours (Linux's
         // `vma_modify`): an unchanged one keeps a boundary `fork` left.
-        let mut changed = Vec::new();
         loop {
             let vma = match map.find(pos) {
                 Some(v) => v.clone(),
@@ -164,16 +164,30 @@ impl Space {
                     changes.narrowed += changed;
                 }
                 changes.retired.extend(old);
-                changed.push((pos, stop));
+                // Merged at once, as Linux's `vma_modify` does VMA by VMA:
+                // the object given below must be seen by the next merge.
+                changes.retired.extend(map.merge_range(pos, stop));
+                // Linux's mprotect_fixup faults locked private memory that
+                // becomes writable in at once, before it changes the next
+                // VMA: the first write fault gives the VMA its object
+                // (anon_vma), which then keeps it apart from a neighbour
+                // with another one. The object is given here, under the map
+                // lock; the populate after it (by the caller) finds it.
+                if flags.contains(VmaFlags::LOCKED)
+                    && !vma.is_shared()
+                    && prot.contains(Prot::WRITE)
+                    && !vma.prot.contains(Prot::WRITE)
+                {
+                    let now = map.find(pos).expect("the VMA just changed").clone();
+                    // Out of memory: the populate fails too, unreported.
+                    let _ = crate::fault::prepare_object_locked(ctx, self, map, &now);
+                }
             }
             changes.retired.push(vma);
             pos = stop;
             if pos >= end {
                 break;
             }
-        }
-        for (s, e) in changed {
-            changes.retired.extend(map.merge_range(s, e));
         }
         result
     }

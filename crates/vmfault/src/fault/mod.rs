@@ -142,6 +142,21 @@ fn count_bus(ctx: &Ctx<'_>, e: &Error) {
     }
 }
 
+/// Give `vma` its object now (creating it, or adopting a neighbour's as a
+/// first write fault would), for a change that Linux follows at once with
+/// write faults: see `Space::modify_range_locked`. Fails only out of memory.
+///
+/// # Preconditions
+/// - The map lock is held and `map` is the index it guards; `vma` is in it.
+pub(crate) fn prepare_object_locked(
+    ctx: &Ctx<'_>,
+    space: &Space,
+    map: &crate::aspace::vma::VmaTree,
+    vma: &std::sync::Arc<crate::aspace::vma::Vma>,
+) -> Result<(), ()> {
+    anon::prepare(ctx, space, map, vma).map(|_| ())
+}
+
 /// Handle a fault at `addr` for `access`; on success call `f` with the
 /// frame backing `addr`, inside an RCU read-side section (see module docs).
 ///
