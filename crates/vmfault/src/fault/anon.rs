@@ -9,9 +9,10 @@
 //!    neighbour's object so that the two VMAs can merge later).
 //! 2. Allocate missing page-table pages.
 //! 3. Outside any RCU section (allocation may drain every vCPU's page
-//!    cache, which waits for a grace period): if the page is not resident
-//!    and this fault may allocate, reserve its object-index slot and
-//!    allocate and zero a new page, before any lock.
+//!    cache, which waits for a grace period): read a page in from its file
+//!    or from swap, holding it (`ReadIn`) until the fault is done with it;
+//!    if the page is not resident and this fault may allocate, reserve its
+//!    object-index slot and allocate and zero a new page, before any lock.
 //! 4. Inside an RCU section: pick the page (the object's; the shared zero
 //!    page for a read of untouched private memory; or the new one), take
 //!    the PTE lock, re-check the PTE, insert a new page into the object,
@@ -72,15 +73,25 @@ pub(super) fn resolve_stable(
     // objects below it, and those below are frozen, but the page daemon
     // may page one out (it is checked again under the PTE lock). A file's
     // page is read in first (it never leaves the cache while mapped), and
-    // so is a page in swap.
+    // so is a page in swap; a page read in is held until the fault is done
+    // with it (see `ReadIn`).
+    let (mut read, mut held) = (false, None);
     let found = loop {
         let (found, file) = match object {
             Some(o) => {
                 let section = ctx.rcu_read();
-                match o.find(pindex, &section) {
-                    Found::Uncached => (Found::Uncached, o.file_of(&section)),
-                    f => (f, None),
+                let found = o.find(pindex, &section);
+                if read && let Found::Own(p) | Found::Below(p) = found {
+                    if !phys.try_hold(p, Some(&ctx.cpu.counters)) {
+                        // Being paged out again: let that finish, look again.
+                        drop(section);
+                        std::thread::yield_now();
+                        continue;
+                    }
+                    held = Some(ReadIn { m: ctx.m, pfn: p });
                 }
+                let file = if found == Found::Uncached { o.file_of(&section) } else { None };
+                (found, file)
             }
             None => (Found::Zero, None),
         };
@@ -89,6 +100,8 @@ pub(super) fn resolve_stable(
             (Found::Swapped { depth }, _, Some(o)) => o.page_in(ctx, fault.op, pindex, depth)?,
             _ => break found,
         }
+        // Held at the next lookup.
+        read = true;
     };
     // A copy of the page below is made inside the section below, from the
     // page found there: the daemon may page the one found above out, and
@@ -130,7 +143,34 @@ pub(super) fn resolve_stable(
         ctx.count(Counter::pte_lock_contended);
     }
     let c = Commit { space, object, pindex, existing, below, fresh };
-    commit_locked(ctx, &frames, vma, &leaf, &ptl, c, fault, f)
+    let resolved = commit_locked(ctx, &frames, vma, &leaf, &ptl, c, fault, f);
+    drop(held);
+    resolved
+}
+
+/// A page this fault read in (from swap or its file), held with a wiring
+/// from the lookup after the read until the fault has mapped it or copied
+/// it: else allocating the copy, or the page-table and index pages, can
+/// wake the page daemon, which may page it out again, and under enough
+/// pressure the fault would read it in and lose it for ever (the page the
+/// read's own allocation freed). Linux holds the page the same way
+/// (`do_swap_page` and `filemap_fault` return it with a reference).
+///
+/// The hold is not a `PageHold` (`aspace/hold.rs`): that one waits for a
+/// grace period when it frees, and this one is released under the map
+/// lock. A page that left its object meanwhile goes to the orphans, freed
+/// by the next operation's `finish`.
+struct ReadIn<'a> {
+    m: &'a crate::vm::Machine,
+    pfn: Pfn,
+}
+
+impl Drop for ReadIn<'_> {
+    fn drop(&mut self) {
+        if self.m.phys.unwire(self.pfn, None) {
+            self.m.orphan(self.pfn);
+        }
+    }
 }
 
 /// What a fault could not get for its new page.

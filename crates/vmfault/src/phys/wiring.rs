@@ -19,6 +19,7 @@
 use super::{Pfn, PhysMem};
 use crate::stats::{Counter, CounterSet};
 use crate::sync::atomic::AtomicU32;
+use crate::sync::refcount::RefCount;
 use crate::sync::spin::{self, WordGuard};
 
 /// Number of page locks (FreeBSD's `PA_LOCK_COUNT` on amd64).
@@ -63,8 +64,21 @@ impl PhysMem {
     /// `RefCount::wire_mapped` (the caller found the page through a PTE,
     /// under its lock): fails while a removal of every mapping runs.
     pub(crate) fn wire_mapped(&self, pfn: Pfn, counters: Option<&CounterSet>) -> bool {
+        self.try_wire(pfn, counters, RefCount::wire_mapped)
+    }
+
+    /// `RefCount::try_hold` (the caller found the page through its object's
+    /// index, inside an RCU section): fails while the page is being paged
+    /// out, or once it has left its object.
+    pub(crate) fn try_hold(&self, pfn: Pfn, counters: Option<&CounterSet>) -> bool {
+        self.try_wire(pfn, counters, RefCount::try_hold)
+    }
+
+    /// Wire `pfn` with `wire` under its page lock (the baseline), counting
+    /// the wiring if it succeeds.
+    fn try_wire(&self, pfn: Pfn, counters: Option<&CounterSet>, wire: fn(&RefCount) -> bool) -> bool {
         let _lock = self.page_lock(pfn, counters);
-        let ok = self.page(pfn).refs.wire_mapped();
+        let ok = wire(&self.page(pfn).refs);
         if ok && let Some(c) = counters {
             c.inc(Counter::wirings);
         }

@@ -12,6 +12,7 @@
 //! | [`RefCount::set_objref`] | 0 (unpublished) | `OBJREF` | never (the page is the caller's alone) |
 //! | [`RefCount::wire`] | any | wirings + 1 | never: the caller holds the page busy or its object's lock, so no removal runs |
 //! | [`RefCount::wire_mapped`] | not `BLOCKED` | wirings + 1 | `BLOCKED` (the caller found the page through a PTE, under its lock, and falls back to a fault) |
+//! | [`RefCount::try_hold`] | `OBJREF`, not `BLOCKED` | wirings + 1 | `BLOCKED`, or the page left its object (the caller found it through the object's index, inside an RCU section, and looks again) |
 //! | [`RefCount::unwire`] | wirings >= 1 | wirings - 1 | never; says whether that was the last reference (the caller frees the page) |
 //! | [`RefCount::release_objref`] | `OBJREF` | no `OBJREF` | never; says whether no wiring is left (the caller frees the page) |
 //! | [`RefCount::try_block`] | `OBJREF`, 0 wirings, not `BLOCKED` | + `BLOCKED` | a wiring exists (or another removal runs) |
@@ -92,6 +93,24 @@ impl RefCount {
         let mut cur = self.0.load(Ordering::Relaxed);
         loop {
             if cur & BLOCKED != 0 && !cfg!(vmfault_mutation = "refcount_no_blocked_check") {
+                return false;
+            }
+            debug_assert!(cur & WIRINGS < WIRINGS, "wiring count overflow");
+            match self.0.compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return true,
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    /// Wire a page found through its object's index, inside an RCU read
+    /// section (the frame cannot be reused before the section ends): fails
+    /// while the page is being paged out or removed from every mapping, or
+    /// once it has left its object (it may be about to be freed).
+    pub fn try_hold(&self) -> bool {
+        let mut cur = self.0.load(Ordering::Relaxed);
+        loop {
+            if cur & (OBJREF | BLOCKED) != OBJREF {
                 return false;
             }
             debug_assert!(cur & WIRINGS < WIRINGS, "wiring count overflow");
@@ -185,5 +204,21 @@ mod tests {
         assert!(r.wire_mapped());
         assert!(!r.unwire());
         assert!(r.release_objref());
+    }
+
+    #[test]
+    fn try_hold_needs_the_object_and_no_removal() {
+        let r = RefCount::new();
+        assert!(!r.try_hold(), "not in an object");
+        r.set_objref();
+        assert!(r.try_isolate());
+        assert!(!r.try_hold(), "being paged out");
+        r.unblock();
+        assert!(!r.unwire());
+        assert!(r.try_hold());
+        assert!(!r.try_isolate(), "the daemon leaves a held page");
+        assert!(!r.release_objref(), "still held");
+        assert!(!r.try_hold(), "it left its object");
+        assert!(r.unwire(), "the hold was the last reference");
     }
 }
