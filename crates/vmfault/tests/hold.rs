@@ -110,3 +110,35 @@ fn holds_racing_munmap_never_lose_a_frame() {
         assert_eq!(vm.stats().free_pages, start, "{path:?}: frames leaked or freed twice");
     }
 }
+
+/// Stores through a write hold of a shared file page reach the file, even
+/// those made after a write-back (which write-protected the mappings, but
+/// a hold stores without faulting) or after the mapping went: a write hold
+/// dirties its page when it is dropped, as Linux's
+/// `unpin_user_pages_dirty_lock` does.
+#[test]
+fn stores_through_a_write_hold_reach_the_file() {
+    use common::files::{PU, SH, TempFile};
+    for path in FAULT_PATHS {
+        let f = TempFile::new(&vec![0u8; 2 * PU]);
+        let vm = test_vm(8 << 20, 2, path);
+        let s = vm.new_space().unwrap();
+        let a = s.mmap_file(0, 2 * P, RW, SH, &f.rw(), 0).unwrap();
+        let h = s.hold(a + P, Access::Write).unwrap();
+        h.write(0, b"first");
+        s.msync(a, 2 * P).unwrap();
+        assert_eq!(&f.contents()[PU..PU + 5], b"first", "{path:?}: msync wrote the held page");
+        h.write(5, b", second");
+        drop(h);
+        s.msync(a, 2 * P).unwrap();
+        assert_eq!(&f.contents()[PU..PU + 13], b"first, second", "{path:?}: a store after the write-back");
+        // Held past its mapping: the file's page cache writes it back at its end.
+        let h = s.hold(a, Access::Write).unwrap();
+        s.munmap(a, 2 * P).unwrap();
+        h.write(0, b"third");
+        drop(h);
+        drop(s);
+        drop(vm);
+        assert_eq!(&f.contents()[..5], b"third", "{path:?}: a store after munmap");
+    }
+}

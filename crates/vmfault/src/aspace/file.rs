@@ -170,7 +170,7 @@ fn write_back(m: &Machine, ctx: Option<&Ctx<'_>>, o: &Arc<Object>, start: u64, e
 
 /// The object and page range of `v` within `start..end`, if `v` is a
 /// shared file mapping.
-fn file_range(v: &Vma, start: u64, end: u64) -> Option<(Arc<Object>, u64, u64)> {
+pub(super) fn file_range(v: &Vma, start: u64, end: u64) -> Option<(Arc<Object>, u64, u64)> {
     let o = v.object.get().filter(|o| v.is_shared() && o.is_file())?;
     let (s, e) = (v.start.max(start), v.end.min(end));
     (s < e).then(|| (o.clone(), v.pindex(s), v.pindex(e)))

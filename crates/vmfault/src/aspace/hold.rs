@@ -12,6 +12,15 @@
 //! space) stays allocated until the last [`PageHold`] goes, and is freed
 //! then, after a grace period.
 //!
+//! A write hold of a shared file page dirties the page when it is dropped
+//! (Linux's `unpin_user_pages_dirty_lock`): its stores do not fault, so a
+//! write-back meanwhile, which write-protects every mapping and cleans the
+//! page, would otherwise leave the later ones unwritten. This is also why
+//! write-back needs no `try_remove_write` (FreeBSD's, which refuses a page
+//! that is wired): a hold taken through a writable PTE before the
+//! write-protection dirties the page again at its end, and one taken after
+//! it faults first, and so dirties the page through the fault.
+//!
 //! Not yet: a private page held for writing and then shared by `fork`
 //! stays shared (Linux copies pinned pages at fork,
 //! `page_maybe_dma_pinned`); the parent's next store copies it, so the
@@ -22,6 +31,7 @@
 use super::AddressSpace;
 use crate::error::{Error, Op, Result};
 use crate::fault;
+use crate::object::Object;
 use crate::phys::Pfn;
 use crate::pmap::{Pmap, Pte};
 use crate::types::{Access, PAGE_SIZE};
@@ -36,6 +46,9 @@ pub struct PageHold {
     pfn: Pfn,
     /// The shared zero page is not wired (it is never freed).
     wired: bool,
+    /// A write hold of a shared file page: its object and index, dirtied
+    /// when the hold ends.
+    dirties: Option<(std::sync::Arc<Object>, u64)>,
 }
 
 impl AddressSpace {
@@ -80,7 +93,15 @@ impl AddressSpace {
                     })
                 };
                 if let Some((pfn, wired)) = held {
-                    return Ok(PageHold { vm: s.vm.clone(), pfn, wired });
+                    let dirties = match access {
+                        Access::Write => {
+                            let map = s.map_read(ctx);
+                            map.find(page).and_then(|v| super::file::file_range(v, page, page + PAGE_SIZE))
+                        }
+                        _ => None,
+                    };
+                    let dirties = dirties.map(|(o, pindex, _)| (o, pindex));
+                    return Ok(PageHold { vm: s.vm.clone(), pfn, wired, dirties });
                 }
                 fault::handle(ctx, s, Op::Touch, page, access, |_| {})?;
             }
@@ -111,6 +132,11 @@ impl PageHold {
 impl Drop for PageHold {
     fn drop(&mut self) {
         let m = &self.vm.m;
+        if let Some((o, pindex)) = &self.dirties {
+            // Still wired: the page is where the hold found it, unless the
+            // mapping changed before the lookup of its object.
+            o.mark_dirty_if(*pindex, self.pfn);
+        }
         if self.wired && m.phys.unwire(self.pfn, None) {
             // The page left its object while held: it was unmapped
             // everywhere before, but wait out walkers that read a PTE then.

@@ -211,6 +211,15 @@ impl Object {
         }
     }
 
+    /// Page `pindex` was written through a hold of frame `pfn`, if that is
+    /// still the page there (the caller's wiring keeps it from leaving).
+    pub(crate) fn mark_dirty_if(&self, pindex: u64, pfn: Pfn) {
+        let e = self.entry(pindex);
+        if e & PRESENT != 0 && e >> 12 == u64::from(pfn.0) {
+            self.mark_dirty(pindex);
+        }
+    }
+
     /// Take the dirty pages of `start..end`: trade each one's `DIRTY` for
     /// `WRITEBACK` (one CAS, so a page the daemon took meanwhile is
     /// skipped) and return them; [`Object::end_writeback`] clears it.

@@ -36,6 +36,18 @@
 //! a page can be wired between the check and the removal and then freed
 //! while wired: `tests/loom_refcount.rs` fails.
 //!
+//! There is no separate busy word (FreeBSD's `busy_lock`, which DESIGN.md
+//! protocol 5 names): each of its jobs is done by a state the page is in
+//! anyway. A page being read in (from swap or its file) is an unpublished
+//! frame until the read ends, so nobody can find it (exclusive busy). A
+//! page being paged out is `BLOCKED`, with the daemon's wiring, unmapped
+//! everywhere and past a grace period before its contents are read, so no
+//! store or new mapping can reach it (exclusive busy). A file page being
+//! written back by `msync` carries `WRITEBACK` in its index entry, which
+//! keeps the daemon off it, while its mappings, write-protected, can still
+//! read it (shared busy). A field for the same would cost four of the
+//! descriptor's 64 bytes and an atomic on every one of those paths.
+//!
 //! Debug builds assert the preconditions of each transition.
 
 use super::atomic::{AtomicU32, Ordering};
@@ -140,7 +152,8 @@ impl RefCount {
     }
 
     /// Block new wirings through mappings if nothing wires the page (the
-    /// first step of `try_remove_all`/`try_remove_write`).
+    /// first step of `try_remove_all`; write-back needs no
+    /// `try_remove_write`, see `aspace/hold.rs`).
     pub fn try_block(&self) -> bool {
         self.0.compare_exchange(OBJREF, OBJREF | BLOCKED, Ordering::AcqRel, Ordering::Relaxed).is_ok()
     }
