@@ -106,9 +106,14 @@ pub(super) fn resolve_stable(
     // A copy of the page below is made inside the section below, from the
     // page found there: the daemon may page the one found above out, and
     // its frame be reused, once the lookup's section has ended.
+    // (So the frame for it is not filled here: zeroing it too would double
+    // the cost of a copy-on-write fault.)
     let copy_below = matches!(found, Found::Below(_)) && fault.access == Access::Write;
-    let mut fresh = new_page(ctx, &frames, vma, object, pindex, if copy_below { Found::Zero } else { found }, &fault)
-        .map_err(|lack| {
+    let fresh = match copy_below {
+        true => new_frame(ctx, &frames, vma, object, pindex, found, &fault),
+        false => new_page(ctx, &frames, vma, object, pindex, found, &fault),
+    };
+    let mut fresh = fresh.map_err(|lack| {
         if lack == Lack::Frame {
             ctx.count(Counter::fault_nomem);
         }
@@ -209,6 +214,27 @@ pub(super) fn new_page(
     found: Found,
     fault: &Fault,
 ) -> Result<Option<OwnedFrame>, Lack> {
+    let mut frame = new_frame(ctx, frames, vma, object, pindex, found, fault)?;
+    if let Some(frame) = frame.as_mut() {
+        match found {
+            Found::Below(src) => frames.phys().copy_into(frame, src),
+            _ => frames.phys().zero(frame),
+        }
+    }
+    Ok(frame)
+}
+
+/// The frame [`new_page`] fills, not filled yet: its index slot reserved,
+/// the frame allocated. The caller fills it before anyone can see it.
+fn new_frame(
+    ctx: &Ctx<'_>,
+    frames: &Frames<'_>,
+    vma: &Vma,
+    object: Option<&Arc<Object>>,
+    pindex: u64,
+    found: Found,
+    fault: &Fault,
+) -> Result<Option<OwnedFrame>, Lack> {
     let write = fault.access == Access::Write;
     let needed = match found {
         Found::Own(_) => false,
@@ -222,12 +248,7 @@ pub(super) fn new_page(
     }
     let o = object.expect("allocating faults have an object");
     o.reserve(frames, pindex).map_err(|_| Lack::Index)?;
-    let mut frame = frames.alloc().ok_or(Lack::Frame)?;
-    match found {
-        Found::Below(src) => frames.phys().copy_into(&mut frame, src),
-        _ => frames.phys().zero(&mut frame),
-    }
-    Ok(Some(frame))
+    frames.alloc().ok_or(Lack::Frame).map(Some)
 }
 
 /// A lookup's result as (own page, page below).
