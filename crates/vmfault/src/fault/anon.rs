@@ -109,16 +109,13 @@ pub(super) fn resolve_stable(
     // (So the frame for it is not filled here: zeroing it too would double
     // the cost of a copy-on-write fault.)
     let copy_below = matches!(found, Found::Below(_)) && fault.access == Access::Write;
-    let fresh = match copy_below {
-        true => new_frame(ctx, &frames, vma, object, pindex, found, &fault),
-        false => new_page(ctx, &frames, vma, object, pindex, found, &fault),
-    };
-    let mut fresh = fresh.map_err(|lack| {
+    let fresh = new_page(ctx, &frames, vma, object, pindex, found, &fault).map_err(|lack| {
         if lack == Lack::Frame {
             ctx.count(Counter::fault_nomem);
         }
         nomem(lack.what())
     })?;
+    let mut fresh = if copy_below { fresh } else { filled(&frames, fresh, found) };
 
     let section = ctx.rcu_read();
     let now = object.map_or(Found::Zero, |o| o.find(pindex, &section));
@@ -199,34 +196,14 @@ impl Lack {
     }
 }
 
-/// The new page a fault needs, filled before any lock (the bulk of a
-/// fault's work): none if the object has its own page, or if this is a
+/// The new page a fault needs, allocated (and then filled, [`filled`])
+/// before any lock: none if the object has its own page, or if this is a
 /// read of a page below (mapped read-only) or of untouched private memory
-/// that maps the zero page; else a zeroed page, or for a write over a page
-/// below, a copy of it (copy-on-write). `found` is where the chain had the
-/// page when the caller looked.
+/// that maps the zero page; else a frame with its index slot reserved, to
+/// be zeroed, or for a write over a page below, to be a copy of it
+/// (copy-on-write). `found` is where the chain had the page when the
+/// caller looked.
 pub(super) fn new_page(
-    ctx: &Ctx<'_>,
-    frames: &Frames<'_>,
-    vma: &Vma,
-    object: Option<&Arc<Object>>,
-    pindex: u64,
-    found: Found,
-    fault: &Fault,
-) -> Result<Option<OwnedFrame>, Lack> {
-    let mut frame = new_frame(ctx, frames, vma, object, pindex, found, fault)?;
-    if let Some(frame) = frame.as_mut() {
-        match found {
-            Found::Below(src) => frames.phys().copy_into(frame, src),
-            _ => frames.phys().zero(frame),
-        }
-    }
-    Ok(frame)
-}
-
-/// The frame [`new_page`] fills, not filled yet: its index slot reserved,
-/// the frame allocated. The caller fills it before anyone can see it.
-fn new_frame(
     ctx: &Ctx<'_>,
     frames: &Frames<'_>,
     vma: &Vma,
@@ -249,6 +226,18 @@ fn new_frame(
     let o = object.expect("allocating faults have an object");
     o.reserve(frames, pindex).map_err(|_| Lack::Index)?;
     frames.alloc().ok_or(Lack::Frame).map(Some)
+}
+
+/// Fill the frame of [`new_page`] (the bulk of a fault's work): a copy of
+/// the page below that `found` names, else zeros.
+pub(super) fn filled(frames: &Frames<'_>, mut fresh: Option<OwnedFrame>, found: Found) -> Option<OwnedFrame> {
+    if let Some(frame) = fresh.as_mut() {
+        match found {
+            Found::Below(src) => frames.phys().copy_into(frame, src),
+            _ => frames.phys().zero(frame),
+        }
+    }
+    fresh
 }
 
 /// A lookup's result as (own page, page below).

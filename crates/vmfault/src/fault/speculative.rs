@@ -62,6 +62,7 @@ pub(super) fn fault(ctx: &Ctx<'_>, space: &Space, fault: Fault, f: &mut impl FnM
     }
     let (existing, below) = anon::split(found);
     let fresh = anon::new_page(ctx, &frames, vma, object, pindex, found, &fault).map_err(|_| Abort::NoMem)?;
+    let fresh = anon::filled(&frames, fresh, found);
     let ptl = &phys.page(leaf.node).ptl;
     let mut spins = 0;
     let guard = loop {

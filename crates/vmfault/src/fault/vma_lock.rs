@@ -57,6 +57,7 @@ pub(super) fn fault(
         return Err(Abort::Io);
     }
     let fresh = anon::new_page(ctx, &frames, vma, object, pindex, found, &fault).map_err(|_| Abort::NoMem)?;
+    let fresh = anon::filled(&frames, fresh, found);
     let (existing, below) = anon::split(found);
     locked(ctx, space, vma, &frames, Commit { space, object, pindex, existing, below, fresh }, fault, f)
 }
