@@ -64,9 +64,11 @@
 //! objects it took are dropped by a reaper thread, since the end of a
 //! space or a file object takes map locks. So a vCPU that finds no frame
 //! may wait for it (`Frames::alloc`, with swap) holding a map lock or an
-//! object lock, but never a PTE lock or inside a section. The daemon's
-//! doorbell mutex, the swap slot mutex and the shards of the anonymous
-//! object registry are leaves.
+//! object lock, but never a PTE lock or inside a section. The same holds
+//! for the drain mutex (one drain of every per-CPU cache at a time,
+//! `PhysMem::drain_pcpu`), held around a grace period and the free-list
+//! lock [F]. The daemon's doorbell mutex, the swap slot mutex and the
+//! shards of the anonymous object registry are leaves.
 //!
 //! RCU read-side sections are not locks but obey one rule: nothing inside a
 //! section waits for a lock that anyone holds while calling `synchronize()`

@@ -77,6 +77,9 @@ pub(crate) struct PhysMem {
     free: FreeList,
     /// Per-vCPU page caches (`None` with `pcpu_pages = 0`); see `sync::percpu`.
     pcp: Option<PerCpuCache<u32>>,
+    /// The drain mutex: one drain of every cache at a time (see
+    /// [`PhysMem::drain_pcpu`] and the lock order in `lib.rs`).
+    drain: std::sync::Mutex<()>,
     /// `[I]` their sizes.
     pcp_config: PcpConfig,
     /// `[I]` the hashed page locks of `refcount=pagelock` (`None`: atomic
@@ -128,6 +131,7 @@ impl PhysMem {
             pages,
             free,
             pcp: cache,
+            drain: Default::default(),
             pcp_config: pcp,
             page_locks,
             doorbell: Default::default(),
@@ -138,9 +142,17 @@ impl PhysMem {
 
     /// Drain every per-CPU cache into the global list (remotely: see
     /// `sync::percpu`). Returns the frames drained. Not inside a read-side
-    /// section of the calling thread.
+    /// section of the calling thread, and holding no PTE lock.
+    ///
+    /// One drain at a time: a drain takes frames out of the caches, waits
+    /// for a grace period, then puts them on the global list, and a second
+    /// one meanwhile would find the caches empty and the list too, so an
+    /// allocation that drains after the daemon began to would fail with
+    /// frames in flight (`tests/api.rs` saw ENOMEM, then two free frames).
+    /// The second waits instead, and finds the first one's frames.
     pub(crate) fn drain_pcpu(&self, rcu: &Rcu) -> usize {
         let Some(pcp) = &self.pcp else { return 0 };
+        let _one = self.drain.lock().unwrap_or_else(|p| p.into_inner());
         let mut drained = Vec::new();
         let n = pcp.drain_all(rcu, |p| drained.push(p));
         if n > 0 {
@@ -421,9 +433,10 @@ mod tests {
         }
         phys.drain_pcpu(&rcu);
         assert_eq!((phys.pcp_frames(), phys.global_free_frames()), (0, 15));
-        // 17 frames handed out, plus two attempts that found nothing: one
-        // before the drain, and the last one.
+        // 17 frames handed out, plus three attempts that found nothing: one
+        // before the drain, and the last call's two, before and after its
+        // drain (which found nothing, but may have waited for another's).
         let (hit, miss) = (counters.get(crate::stats::Counter::pcp_hit), counters.get(crate::stats::Counter::pcp_miss));
-        assert_eq!(hit + miss, 17 + 2);
+        assert_eq!(hit + miss, 17 + 3);
     }
 }

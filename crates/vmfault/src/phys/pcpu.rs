@@ -97,9 +97,10 @@ impl<'a> Frames<'a> {
             return Some(OwnedFrame(Pfn(p)));
         }
         let cpu = self.cpu.as_ref().filter(|c| !c.reader.in_section())?;
-        if self.phys.drain_pcpu(cpu.rcu) > 0
-            && let Some(p) = self.alloc_once()
-        {
+        // Even a drain that found nothing may find frames a concurrent
+        // drain (the daemon's) had taken out of the caches: it waited for it.
+        self.phys.drain_pcpu(cpu.rcu);
+        if let Some(p) = self.alloc_once() {
             return Some(OwnedFrame(Pfn(p)));
         }
         if !self.phys.doorbell.reclaims() {
