@@ -119,8 +119,9 @@ pub(super) fn resolve_stable(
 
     let section = ctx.rcu_read();
     let now = object.map_or(Found::Zero, |o| o.find(pindex, &section));
-    if matches!(now, Found::Swapped { .. }) {
-        // Paged out since: read it in again.
+    if matches!(now, Found::Swapped { .. } | Found::Uncached) {
+        // Paged out (or a file page evicted) since the first lookup: read
+        // it in again. Never take it for untouched memory (the zero page).
         if let Some(frame) = fresh {
             frames.free_owned(frame);
         }
@@ -144,7 +145,7 @@ pub(super) fn resolve_stable(
     if contended {
         ctx.count(Counter::pte_lock_contended);
     }
-    let c = Commit { space, object, pindex, existing, below, fresh };
+    let c = Commit { space, object, pindex, found: now, fresh };
     let resolved = commit_locked(ctx, &frames, vma, &leaf, &ptl, c, fault, f);
     drop(held);
     resolved
@@ -257,10 +258,11 @@ pub(super) struct Commit<'a> {
     pub(super) object: Option<&'a Arc<Object>>,
     /// The page's index in it.
     pub(super) pindex: u64,
-    /// The object's page at `pindex`, as looked up.
-    pub(super) existing: Option<Pfn>,
-    /// The page an object below has at `pindex` (shadow chains only).
-    pub(super) below: Option<Pfn>,
+    /// Where the lookup (inside the caller's current section, or under a
+    /// lock that keeps it true) found the page at `pindex`: the object's
+    /// own, one below (shadow chains), or none, which maps the zero page
+    /// only if it is `Found::Zero` (untouched memory).
+    pub(super) found: Found,
     /// A new page, if the fault may allocate and found none of its own:
     /// zeroed, or a copy of `below` for a write.
     pub(super) fresh: Option<OwnedFrame>,
@@ -286,6 +288,7 @@ pub(super) fn commit_locked(
 ) -> Result<Resolved> {
     let phys = frames.phys();
     let write = fault.access == Access::Write;
+    let (existing, below) = split(c.found);
     let cur = Pte(leaf.entry.load(Ordering::Relaxed));
     if cur.allows(fault.access) {
         if let Some(frame) = c.fresh {
@@ -294,7 +297,7 @@ pub(super) fn commit_locked(
         f(cur.pfn());
         return Ok(Resolved::Raced);
     }
-    let (pfn, resolved) = match (c.existing, c.fresh) {
+    let (pfn, resolved) = match (existing, c.fresh) {
         (Some(p), fresh) => {
             if let Some(frame) = fresh {
                 frames.free_owned(frame);
@@ -303,7 +306,7 @@ pub(super) fn commit_locked(
         }
         (None, Some(frame)) => {
             match c.object.expect("allocating faults have an object").insert(frames, c.pindex, frame) {
-                Ok(Insert::Ours(p)) if c.below.is_some() => (p, Resolved::Copied),
+                Ok(Insert::Ours(p)) if below.is_some() => (p, Resolved::Copied),
                 Ok(Insert::Ours(p)) => (p, Resolved::ZeroFill),
                 Ok(Insert::Theirs(p)) => (p, Resolved::Mapped),
                 // Paged out since the lookup: read it in again.
@@ -319,9 +322,12 @@ pub(super) fn commit_locked(
         // of untouched private memory (a page that was resident cannot
         // vanish from a stable VMA, so only a fault that may not allocate
         // gets here without one).
-        (None, None) => match c.below {
-            Some(p) => (p, Resolved::Mapped),
-            None => (phys.zero_pfn(), Resolved::ZeroPage),
+        (None, None) => match (below, c.found) {
+            (Some(p), _) => (p, Resolved::Mapped),
+            (None, Found::Zero) => (phys.zero_pfn(), Resolved::ZeroPage),
+            // A page to read in (the callers look again before they get
+            // here, but a file page is never the zero page's business).
+            (None, _) => return Ok(Resolved::Retry),
         },
     };
     // A page the daemon is paging out (or a removal of every mapping is
@@ -339,7 +345,7 @@ pub(super) fn commit_locked(
     // A shared file page is mapped writable only by a write fault, which
     // marks it dirty: the first store after a write-back must fault.
     let file = c.object.is_some_and(|o| o.is_file());
-    let mut pte = if pfn == phys.zero_pfn() || Some(pfn) == c.below || (file && !write) {
+    let mut pte = if pfn == phys.zero_pfn() || Some(pfn) == below || (file && !write) {
         Pte::new(pfn, false, exec, false)
     } else {
         Pte::new(pfn, vma.prot.contains(Prot::WRITE), exec, write)

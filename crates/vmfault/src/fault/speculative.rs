@@ -60,7 +60,6 @@ pub(super) fn fault(ctx: &Ctx<'_>, space: &Space, fault: Fault, f: &mut impl FnM
     if matches!(found, Found::Uncached | Found::Swapped { .. }) {
         return Err(Abort::Io);
     }
-    let (existing, below) = anon::split(found);
     let fresh = anon::new_page(ctx, &frames, vma, object, pindex, found, &fault).map_err(|_| Abort::NoMem)?;
     let fresh = anon::filled(&frames, fresh, found);
     let ptl = &phys.page(leaf.node).ptl;
@@ -79,6 +78,6 @@ pub(super) fn fault(ctx: &Ctx<'_>, space: &Space, fault: Fault, f: &mut impl FnM
         }
         return Err(Abort::VmaChanged);
     }
-    let c = Commit { space, object, pindex, existing, below, fresh };
+    let c = Commit { space, object, pindex, found, fresh };
     anon::commit_locked(ctx, &frames, vma, &leaf, &guard, c, fault, f).map_err(|_| Abort::NoMem)
 }

@@ -58,8 +58,7 @@ pub(super) fn fault(
     }
     let fresh = anon::new_page(ctx, &frames, vma, object, pindex, found, &fault).map_err(|_| Abort::NoMem)?;
     let fresh = anon::filled(&frames, fresh, found);
-    let (existing, below) = anon::split(found);
-    locked(ctx, space, vma, &frames, Commit { space, object, pindex, existing, below, fresh }, fault, f)
+    locked(ctx, space, vma, &frames, Commit { space, object, pindex, found, fresh }, fault, f)
 }
 
 /// The install with `vma` read-locked (stable: its range cannot be pruned,
