@@ -107,7 +107,15 @@ impl<'a> Frames<'a> {
             return None;
         }
         cpu.counters.inc(crate::stats::Counter::alloc_stalls);
-        self.phys.doorbell.wait_for(|| self.alloc_once()).map(|p| OwnedFrame(Pfn(p)))
+        // What a pass frees may land in another vCPU's cache first (its
+        // miss takes a batch): look there too before waiting again.
+        let retry = || {
+            self.alloc_once().or_else(|| {
+                self.phys.drain_pcpu(cpu.rcu);
+                self.alloc_once()
+            })
+        };
+        self.phys.doorbell.wait_for(retry).map(|p| OwnedFrame(Pfn(p)))
     }
 
     /// Put published data page `pfn`, marked for a queue before it was

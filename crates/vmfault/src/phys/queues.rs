@@ -201,9 +201,11 @@ impl PageQueues {
     /// referenced since the last look goes to the tail again (its mark
     /// cleared), the others to the inactive tail, until `deactivate` pages
     /// have moved or every page was looked at once (so a second call finds
-    /// the marks it cleared). The lock is dropped every [`AGE_CHUNK`] pages.
-    /// Returns the pages deactivated.
-    pub(crate) fn age(&self, pages: &[Page], deactivate: u64) -> u64 {
+    /// the marks it cleared). With `force` (every page looked at last time
+    /// was referenced: the working set is larger than memory), marks are
+    /// cleared but do not keep a page active. The lock is dropped every
+    /// [`AGE_CHUNK`] pages. Returns the pages deactivated.
+    pub(crate) fn age(&self, pages: &[Page], deactivate: u64, force: bool) -> u64 {
         let mut left = self.lens().0;
         let mut moved = 0;
         while moved < deactivate && left > 0 {
@@ -215,7 +217,7 @@ impl PageQueues {
                 left -= 1;
                 let f = g.lists[0].head;
                 g.unlink(pages, f, Queue::Active as u32);
-                let to = if pages[f as usize].take_referenced() { Queue::Active } else { Queue::Inactive };
+                let to = if pages[f as usize].take_referenced() && !force { Queue::Active } else { Queue::Inactive };
                 moved += u64::from(to == Queue::Inactive);
                 pages[f as usize].queue.store(to as u32 | ENQUEUED, Ordering::Relaxed);
                 g.link_tail(pages, f, to);
@@ -363,7 +365,7 @@ mod tests {
         active(&pages, &q, &rcu, &r[0], 3);
         q.drain_batches(&pages, &rcu);
         let mut got = Vec::new();
-        q.age(&pages, 1);
+        q.age(&pages, 1, false);
         q.take_inactive(&pages, 1, &mut got);
         assert_eq!(got, [Pfn(3)]);
         // Freed while the daemon holds it, allocated again and marked.
@@ -387,7 +389,7 @@ mod tests {
         q.drain_batches(&pages, &rcu);
         pages[2].touch();
         pages[4].touch();
-        assert_eq!(q.age(&pages, 8), 6);
+        assert_eq!(q.age(&pages, 8, false), 6);
         assert_eq!(q.lens(), (2, 6));
         let mut got = Vec::new();
         q.take_inactive(&pages, 4, &mut got);

@@ -184,6 +184,10 @@ fn run_once(m: &Machine, reader: &RcuReader, bury: &mut dyn FnMut(&mut Grave)) {
     let bell = &m.phys.doorbell;
     let target = m.phys.free_target();
     let mut freed = 0;
+    // Only a pass that had work to do can find that nothing is left: one
+    // that began above the mark and ended with the list empty (vCPUs took
+    // what another pass freed) says nothing about what can be reclaimed.
+    let short = m.phys.global_free_frames() < (target + target / 2).max(1);
     if m.phys.global_free_frames() < target {
         let n = m.phys.drain_pcpu(&m.rcu) as u64;
         bell.drained.fetch_add(n, Ordering::Relaxed);
@@ -197,12 +201,19 @@ fn run_once(m: &Machine, reader: &RcuReader, bury: &mut dyn FnMut(&mut Grave)) {
         // active list if it must, so the second finds the marks the first
         // cleared). Referenced pages are progress: their marks are cleared;
         // pages being freed are memory on its way back.
-        let (mut stuck, mut empty) = (0, 0);
+        //
+        // A round that found only referenced pages (or none on the
+        // inactive list) makes the next one ignore the marks: the working
+        // set is larger than memory, and a vCPU waits for a frame (Linux
+        // raises its reclaim priority until it takes referenced pages too).
+        let (mut stuck, mut empty, mut force) = (0, 0, false);
         while m.phys.global_free_frames() < high && empty < 2 {
             bell.scans.fetch_add(1, Ordering::Relaxed);
-            let r = pageout::run(m, swap, reader, (high - m.phys.global_free_frames()).min(64), &mut grave);
+            let want = (high - m.phys.global_free_frames()).min(64);
+            let r = pageout::run(m, swap, reader, want, force, &mut grave);
             bury(&mut grave);
             freed += r.freed;
+            force = r.freed == 0 && (r.looked == 0 || r.referenced == r.looked);
             empty = if r.looked == 0 { empty + 1 } else { 0 };
             stuck = if r.freed > 0 { 0 } else { stuck + r.stuck };
             let (active, inactive) = m.phys.queues.as_ref().map_or((0, 0), |q| q.lens());
@@ -216,7 +227,7 @@ fn run_once(m: &Machine, reader: &RcuReader, bury: &mut dyn FnMut(&mut Grave)) {
             }
         }
     }
-    bell.pass_done(freed == 0 && m.phys.global_free_frames() == 0);
+    bell.pass_done(short && freed == 0 && m.phys.global_free_frames() == 0);
 }
 
 /// Waits longer than this give up (a daemon that cannot run: `ENOMEM`).

@@ -78,10 +78,20 @@ pub(super) struct Round {
     /// object by `munmap`, waiting for its grace period; or their object is
     /// going away).
     pub(super) in_flight: u64,
+    /// Of those, pages referenced since the last look (reactivated).
+    pub(super) referenced: u64,
 }
 
-/// Page out up to `want` pages.
-pub(super) fn run(m: &Machine, swap: &Swap, reader: &RcuReader, want: u64, grave: &mut super::Grave) -> Round {
+/// Page out up to `want` pages; with `force`, reference marks keep no
+/// page (the last round found nothing but referenced pages).
+pub(super) fn run(
+    m: &Machine,
+    swap: &Swap,
+    reader: &RcuReader,
+    want: u64,
+    force: bool,
+    grave: &mut super::Grave,
+) -> Round {
     let phys = &m.phys;
     let q = phys.queues.as_ref().expect("a Vm with swap has page queues");
     let pages = phys.pages();
@@ -93,18 +103,19 @@ pub(super) fn run(m: &Machine, swap: &Swap, reader: &RcuReader, want: u64, grave
     let (active, inactive) = q.lens();
     let target = ((active + inactive) / 3).max(want);
     if inactive < target {
-        q.age(pages, target - inactive);
+        q.age(pages, target - inactive, force);
     }
     let mut candidates = Vec::new();
     q.take_inactive(pages, want as usize, &mut candidates);
     let looked = candidates.len() as u64;
-    let (mut stuck, mut in_flight) = (0, 0);
+    let (mut stuck, mut in_flight, mut referenced) = (0, 0, 0);
     let mut back: Vec<(Pfn, Queue)> = Vec::new();
     let mut isolated: Vec<(Arc<Object>, u64, Pfn)> = Vec::new();
     for pfn in candidates {
         let page = phys.page(pfn);
-        if page.take_referenced() {
+        if page.take_referenced() && !force {
             back.push((pfn, Queue::Active));
+            referenced += 1;
             continue;
         }
         // The owner as the descriptor names it, checked below.
@@ -227,7 +238,7 @@ pub(super) fn run(m: &Machine, swap: &Swap, reader: &RcuReader, want: u64, grave
     // Pages taken but given up (a failed write, no free slot, an entry
     // that changed) are stuck too.
     stuck += taken - out - file_out;
-    Round { freed: n, looked, stuck, in_flight }
+    Round { freed: n, looked, stuck, in_flight, referenced }
 }
 
 /// Undo an isolation (see the module docs).
