@@ -126,3 +126,132 @@ fn file_pages_evicted_under_a_fault_are_read_again() {
         drop(space);
     }
 }
+
+/// Problem 3: `msync` skipped a dirty page whose write-back another
+/// writer (here a second vCPU's `msync`) had just begun, and returned
+/// before that writer had written it: Linux's `msync(MS_SYNC)` waits for
+/// pages under write-back in its range.
+#[test]
+fn msync_waits_for_a_write_back_already_under_way() {
+    use std::os::unix::fs::FileExt;
+    for path in FAULT_PATHS {
+        let file = TempFile::new(&[0u8; P as usize]);
+        let vm = common::test_vm(4 << 20, 3, path);
+        let space = vm.new_space().unwrap();
+        let a = space.mmap_file(0, P, RW, MapFlags::SHARED, &file.rw(), 0).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let other = {
+            let (vm, space, stop) = (vm.clone(), space.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let _cpu = vm.attach().unwrap();
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    space.msync(a, P).unwrap();
+                    n += 1;
+                }
+                n
+            })
+        };
+        let _cpu = vm.attach().unwrap();
+        let reader = file.ro();
+        let deadline = Instant::now() + stress_time() / 2;
+        let mut i = 0u64;
+        while Instant::now() < deadline {
+            i += 1;
+            space.write(a, &i.to_le_bytes()).unwrap();
+            space.msync(a, P).unwrap();
+            let mut got = [0u8; 8];
+            reader.read_exact_at(&mut got, 0).unwrap();
+            assert_eq!(u64::from_le_bytes(got), i, "{path:?}: msync returned before store {i} was in the file");
+        }
+        stop.store(true, Ordering::Relaxed);
+        let theirs = other.join().unwrap();
+        assert!(i > 100 && theirs > 100, "{path:?}: {i} stores, {theirs} msyncs of the other vCPU");
+    }
+}
+
+/// Problem 5: with swap and memory pressure, while one vCPU forks the
+/// space and drops the child in a loop (the child's end writes the shared
+/// file pages back), another vCPU's stores to shared file pages were lost:
+/// two write-backs of one page were in flight, the first to end cleared
+/// the one `WRITEBACK` bit, the daemon evicted and freed the page, and
+/// the second copied the reused frame into the file. A third vCPU keeps
+/// memory short with private pages.
+#[test]
+fn shared_file_pages_survive_forks_and_pageout() {
+    use std::os::unix::fs::FileExt;
+    for path in FAULT_PATHS {
+        const PHYS: u64 = 160;
+        const PAGES: u64 = 64;
+        let contents: Vec<u8> = (0..PAGES).flat_map(|p| pattern(2, p)).collect();
+        let file = TempFile::new(&contents);
+        let vm = swap_vm("forkwb", PHYS, 4, path);
+        let space = vm.new_space().unwrap();
+        let shared = space.mmap_file(0, PAGES * P, RW, MapFlags::SHARED, &file.rw(), 0).unwrap();
+        let anon = space.mmap(0, PHYS * P, RW, MapFlags::PRIVATE | MapFlags::ANONYMOUS).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let forker = {
+            let (vm, space, stop) = (vm.clone(), space.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let _cpu = vm.attach().unwrap();
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    // The child's end writes back what its shared file
+                    // mapping holds dirty.
+                    drop(space.fork().unwrap());
+                    n += 1;
+                }
+                n
+            })
+        };
+        let presser = {
+            let (vm, space, stop) = (vm.clone(), space.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let _cpu = vm.attach().unwrap();
+                let mut x = 77u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let page = next(&mut x) % PHYS;
+                    space.write(anon + page * P, &page.to_le_bytes()).unwrap();
+                }
+            })
+        };
+        let _cpu = vm.attach().unwrap();
+        let reader = file.ro();
+        let mut last = vec![0u64; PAGES as usize];
+        let mut x = 5u64;
+        let deadline = Instant::now() + stress_time();
+        let mut i = 0u64;
+        let mut page = vec![0u8; P as usize];
+        while Instant::now() < deadline {
+            i += 1;
+            let p = next(&mut x) % PAGES;
+            space.write(shared + p * P, &i.to_le_bytes()).unwrap();
+            last[p as usize] = i;
+            if i % 8 == 0 {
+                space.msync(shared, PAGES * P).unwrap();
+                let q = next(&mut x) % PAGES;
+                reader.read_exact_at(&mut page, q * P).unwrap();
+                let mut want = pattern(2, q);
+                if last[q as usize] != 0 {
+                    want[..8].copy_from_slice(&last[q as usize].to_le_bytes());
+                }
+                assert!(page == want, "{path:?}: page {q} of the file lost its contents after {i} stores");
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        let forks = forker.join().unwrap();
+        presser.join().unwrap();
+        space.msync(shared, PAGES * P).unwrap();
+        for q in 0..PAGES {
+            reader.read_exact_at(&mut page, q * P).unwrap();
+            let mut want = pattern(2, q);
+            if last[q as usize] != 0 {
+                want[..8].copy_from_slice(&last[q as usize].to_le_bytes());
+            }
+            assert!(page == want, "{path:?}: page {q} of the file lost its contents at the end");
+        }
+        let s = vm.stats();
+        assert!(forks > 10 && s.pageouts > 0, "{path:?}: {forks} forks, {} pageouts", s.pageouts);
+        drop(space);
+    }
+}

@@ -109,7 +109,7 @@ impl Space {
             (targets, hole || pos < end)
         };
         for (o, s, e) in targets {
-            self.write_back(ctx, &o, s, e)?;
+            write_back(ctx.m, Some(ctx), &o, s, e, true)?;
         }
         if hole {
             return Err(Error::NotMapped { op, addr, end });
@@ -123,11 +123,6 @@ impl Space {
     /// when the object goes.
     pub(super) fn write_back_removed(&self, ctx: &Ctx<'_>, removed: &[Arc<Vma>]) {
         write_back_vmas(ctx.m, Some(ctx), removed);
-    }
-
-    /// Write back the dirty pages `start..end` of file object `o`.
-    fn write_back(&self, ctx: &Ctx<'_>, o: &Arc<Object>, start: u64, end: u64) -> Result<()> {
-        write_back(ctx.m, Some(ctx), o, start, end)
     }
 }
 
@@ -144,7 +139,7 @@ pub(super) fn write_back_at_exit(m: &Machine, vmas: &[Arc<Vma>]) {
 fn write_back_vmas(m: &Machine, ctx: Option<&Ctx<'_>>, vmas: &[Arc<Vma>]) {
     for v in vmas {
         if let Some((o, s, e)) = file_range(v, v.start, v.end)
-            && let Err(err) = write_back(m, ctx, &o, s, e)
+            && let Err(err) = write_back(m, ctx, &o, s, e, false)
         {
             tracing::warn!(target: "vmfault::file", error = %err, "write-back of an unmapped range failed");
         }
@@ -152,9 +147,17 @@ fn write_back_vmas(m: &Machine, ctx: Option<&Ctx<'_>>, vmas: &[Arc<Vma>]) {
 }
 
 /// Write back the dirty pages `start..end` of file object `o`, counting
-/// on `ctx`'s vCPU if there is one.
-fn write_back(m: &Machine, ctx: Option<&Ctx<'_>>, o: &Arc<Object>, start: u64, end: u64) -> Result<()> {
-    let n = o.write_back(start, end, |pages| {
+/// on `ctx`'s vCPU if there is one; with `integrity`, wait for pages
+/// another writer has under way too (`Object::write_back`).
+fn write_back(
+    m: &Machine,
+    ctx: Option<&Ctx<'_>>,
+    o: &Arc<Object>,
+    start: u64,
+    end: u64,
+    integrity: bool,
+) -> Result<()> {
+    let n = o.write_back(start, end, integrity, |pages| {
         // It always waits for a grace period: a shootdown.
         super::rmap::write_protect_everywhere(m, o, pages);
         if let Some(ctx) = ctx {

@@ -23,6 +23,15 @@
 //!   write-protection faults and dirties the page again; a failed write
 //!   marks it dirty again, so nothing is lost. `msync` and `munmap` write
 //!   back their range, the object's end everything.
+//! - *One write-back of a page at a time* (Linux's `PG_writeback`): a
+//!   writer takes only pages without `WRITEBACK`, and the page daemon's
+//!   write of a dirty page it evicts takes the bit too. Two writers of one
+//!   page would share one bit: the first to end would clear it while the
+//!   second still copied the frame, which the daemon could then evict and
+//!   free (a reused frame written into the file). `msync` then waits for
+//!   the pages others have under way in its range and writes them again
+//!   if they were dirtied meanwhile: when it returns, every store made
+//!   before it is in the file.
 //!
 //! The page cache is vmfault's own: writes to the file through `write(2)`
 //! while pages are cached are not seen by the mappings (and are overwritten
@@ -56,6 +65,13 @@ pub(crate) struct FileData {
     /// the file (never `O_APPEND`, whose `pwrite` ignores the offset), not
     /// the handle of whoever mapped the file first, which may be read-only.
     writer: Mutex<Option<File>>,
+    /// Write-backs that end clear their pages' `WRITEBACK` bits under this
+    /// lock and notify `written`; a data-integrity write-back (`msync`)
+    /// waits there for pages another writer has under way (Linux's
+    /// `folio_wait_writeback`). A leaf: nothing is taken inside it.
+    ended: Mutex<()>,
+    /// See `ended`.
+    written: Condvar,
 }
 
 /// The registry of file objects of a machine.
@@ -124,8 +140,14 @@ impl Object {
             }
         }
         let own = file.try_clone().map_err(|e| host("dup", &e))?;
-        let o = Self::with_backing(ctx, m, None, false, Some(FileData { file: own, key, writer: Mutex::new(None) }))
-            .map_err(|_| Error::NoMemory { op: Op::Mmap, what: "a file object's page index" })?;
+        let o = Self::with_backing(
+            ctx,
+            m,
+            None,
+            false,
+            Some(FileData { file: own, key, writer: Mutex::new(None), ended: Mutex::new(()), written: Condvar::new() }),
+        )
+        .map_err(|_| Error::NoMemory { op: Op::Mmap, what: "a file object's page index" })?;
         map.insert(key, Arc::downgrade(&o));
         drop(map);
         m.files.touch(&o);
@@ -220,16 +242,28 @@ impl Object {
         }
     }
 
-    /// Take the dirty pages of `start..end`: trade each one's `DIRTY` for
-    /// `WRITEBACK` (one CAS, so a page the daemon took meanwhile is
-    /// skipped) and return them; [`Object::end_writeback`] clears it.
-    fn take_dirty(&self, start: u64, end: u64) -> Vec<(u64, Pfn)> {
+    /// Take the dirty pages of `start..end` (or only the indexes in
+    /// `only`): trade each one's `DIRTY` for `WRITEBACK` (one CAS, so a
+    /// page the daemon took meanwhile is skipped) and return them, with
+    /// the indexes of the pages another writer has under way (`WRITEBACK`
+    /// already set: one write-back of a page at a time, else the first to
+    /// end would clear the bit while the second still reads the frame,
+    /// which the daemon could then evict and free). [`Object::end_writeback`]
+    /// clears the bits taken.
+    fn take_dirty(&self, start: u64, end: u64, only: Option<&[u64]>) -> (Vec<(u64, Pfn)>, Vec<u64>) {
         use std::sync::atomic::Ordering::{AcqRel, Relaxed};
-        let mut out = Vec::new();
-        self.index.for_each_present(&self.m.phys, start, end, |i, leaf| {
-            let mut e = leaf.entry.load(Relaxed);
-            while e & DIRTY != 0 && e & PRESENT != 0 {
-                match leaf.entry.compare_exchange_weak(e, (e & !DIRTY) | WRITEBACK, AcqRel, Relaxed) {
+        let (mut out, mut busy) = (Vec::new(), Vec::new());
+        let mut take = |i: u64, entry: &std::sync::atomic::AtomicU64| {
+            let mut e = entry.load(Relaxed);
+            while e & PRESENT != 0 {
+                if e & WRITEBACK != 0 {
+                    busy.push(i);
+                    break;
+                }
+                if e & DIRTY == 0 {
+                    break;
+                }
+                match entry.compare_exchange_weak(e, (e & !DIRTY) | WRITEBACK, AcqRel, Relaxed) {
                     Ok(_) => {
                         out.push((i, Pfn((e >> 12) as u32)));
                         break;
@@ -237,42 +271,94 @@ impl Object {
                     Err(now) => e = now,
                 }
             }
-        });
-        out
+        };
+        match only {
+            None => self.index.for_each_present(&self.m.phys, start, end, |i, leaf| take(i, leaf.entry)),
+            Some(list) => {
+                for &i in list {
+                    if let Some(leaf) = self.index.leaf(&self.m.phys, i) {
+                        take(i, leaf.entry);
+                    }
+                }
+            }
+        }
+        (out, busy)
     }
 
     /// The write-back of `pages` ended (those it failed to write are dirty
-    /// again, `copy_out`): clear `WRITEBACK`. While it is set the entry
-    /// keeps its page: only the daemon takes a file page out, and it
-    /// leaves this one alone.
+    /// again, `copy_out`): clear `WRITEBACK` and wake whoever waits for
+    /// them. While it is set the entry keeps its page: only the daemon
+    /// takes a file page out, and it leaves this one alone.
     fn end_writeback(&self, pages: &[(u64, Pfn)]) {
+        let Some(fd) = &self.file else { return };
+        let _g = fd.ended.lock().unwrap_or_else(|p| p.into_inner());
         for &(i, _) in pages {
             if let Some(leaf) = self.index.leaf(&self.m.phys, i) {
                 leaf.entry.fetch_and(!WRITEBACK, std::sync::atomic::Ordering::AcqRel);
             }
+        }
+        fd.written.notify_all();
+    }
+
+    /// Wait until none of the pages at `indexes` is under write-back.
+    fn wait_writeback(&self, fd: &FileData, indexes: &[u64]) {
+        let under_way = || {
+            indexes.iter().any(|&i| {
+                self.index
+                    .leaf(&self.m.phys, i)
+                    .is_some_and(|l| l.entry.load(std::sync::atomic::Ordering::Acquire) & WRITEBACK != 0)
+            })
+        };
+        let mut g = fd.ended.lock().unwrap_or_else(|p| p.into_inner());
+        while under_way() {
+            g = fd.written.wait(g).unwrap_or_else(|p| p.into_inner());
         }
     }
 
     /// Write the dirty pages of `start..end` (page indexes) back to the
     /// file; `protect` write-protects every PTE that maps a page (the
     /// reverse map) and returns once no store through one can be in flight.
+    /// With `integrity` (`msync`, Linux's `WB_SYNC_ALL`), pages another
+    /// writer has under way are waited for, and written again if they
+    /// were dirtied meanwhile; without (`munmap`, the end of a space),
+    /// they are left to that writer and to whoever writes them next.
     /// Returns the pages written. On an I/O error the pages not written
     /// stay dirty.
-    pub(crate) fn write_back(&self, start: u64, end: u64, protect: impl FnOnce(&[(u64, Pfn)])) -> Result<u64> {
+    pub(crate) fn write_back(
+        &self,
+        start: u64,
+        end: u64,
+        integrity: bool,
+        mut protect: impl FnMut(&[(u64, Pfn)]),
+    ) -> Result<u64> {
         let Some(fd) = &self.file else { return Ok(0) };
-        crate::sync::write_back_ordered(
-            || self.take_dirty(start, end),
-            |pages| {
-                if !pages.is_empty() {
-                    protect(pages)
-                }
-            },
-            |pages| {
-                let r = self.copy_out(fd, pages);
-                self.end_writeback(pages);
-                r
-            },
-        )
+        let mut written = 0;
+        let mut only: Option<Vec<u64>> = None;
+        loop {
+            let mut busy = Vec::new();
+            written += crate::sync::write_back_ordered(
+                || {
+                    let (pages, b) = self.take_dirty(start, end, only.as_deref());
+                    busy = b;
+                    pages
+                },
+                |pages| {
+                    if !pages.is_empty() {
+                        protect(pages)
+                    }
+                },
+                |pages| {
+                    let r = self.copy_out(fd, pages);
+                    self.end_writeback(pages);
+                    r
+                },
+            )?;
+            if !integrity || busy.is_empty() {
+                return Ok(written);
+            }
+            self.wait_writeback(fd, &busy);
+            only = Some(busy);
+        }
     }
 
     /// Write `pages` to the file, never past its end; on an error, those
@@ -329,32 +415,41 @@ impl Object {
     /// changed meanwhile (`msync` took the dirty bit) or the write failed
     /// (the page stays dirty).
     pub(crate) fn evict_file_page(&self, pindex: u64, pfn: Pfn) -> SwapOut {
+        use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
         let Some(fd) = &self.file else { return SwapOut::Lost };
         let Some(leaf) = self.index.leaf(&self.m.phys, pindex) else { return SwapOut::Lost };
-        let e = leaf.entry.load(std::sync::atomic::Ordering::Acquire);
+        let mut e = leaf.entry.load(Acquire);
         if e & PRESENT == 0 || e >> 12 != u64::from(pfn.0) {
             return SwapOut::Lost;
         }
         if e & WRITEBACK != 0 {
-            // `msync` is writing it: its copy reads this frame.
+            // Another writer (`msync`) is writing it: its copy reads this frame.
             return SwapOut::Busy;
         }
         if e & DIRTY != 0 {
-            if let Err(err) = self.copy_out(fd, &[(pindex, pfn)]) {
-                tracing::warn!(target: "vmfault::reclaim", error = %err, pindex, "write-back of a file page failed: it stays");
+            // One write-back at a time, as any other writer: an `msync`
+            // meanwhile waits for this one instead of skipping the page.
+            let taken = (e & !DIRTY) | WRITEBACK;
+            if leaf.entry.compare_exchange(e, taken, AcqRel, Relaxed).is_err() {
                 return SwapOut::Lost;
             }
-            self.m.phys.doorbell.file_writebacks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if let Err(err) = self.copy_out(fd, &[(pindex, pfn)]) {
+                tracing::warn!(target: "vmfault::reclaim", error = %err, pindex, "write-back of a file page failed: it stays");
+                self.end_writeback(&[(pindex, pfn)]);
+                return SwapOut::Lost;
+            }
+            self.m.phys.doorbell.file_writebacks.fetch_add(1, Relaxed);
+            e = taken;
         }
-        match leaf.entry.compare_exchange(
-            e,
-            0,
-            std::sync::atomic::Ordering::AcqRel,
-            std::sync::atomic::Ordering::Relaxed,
-        ) {
-            Ok(_) => SwapOut::Done,
-            Err(_) => SwapOut::Lost,
+        // Isolated: no fault can dirty it again, so the entry is still `e`
+        // unless a collapse or an `msync` took it.
+        let done = leaf.entry.compare_exchange(e, 0, AcqRel, Relaxed).is_ok();
+        if e & WRITEBACK != 0 {
+            // Wakes an `msync` waiting for this page (its entry is gone,
+            // or `WRITEBACK` cleared if it stayed).
+            self.end_writeback(&[(pindex, pfn)]);
         }
+        if done { SwapOut::Done } else { SwapOut::Lost }
     }
 
     fn redirty(&self, pages: &[(u64, Pfn)]) {
@@ -367,7 +462,7 @@ impl Object {
     /// it any more), leave the registry, wake whoever waits to map the file
     /// again. An I/O error here has nobody to report to: it is logged.
     pub(super) fn drop_file(&mut self) {
-        if let Err(e) = self.write_back(0, u64::MAX, |_| {}) {
+        if let Err(e) = self.write_back(0, u64::MAX, true, |_| {}) {
             tracing::error!(target: "vmfault::file", error = %e, "write-back of a file object lost data at its end");
         }
         let key = self.file.as_ref().expect("a file object").key;
