@@ -74,6 +74,10 @@ impl AddressSpace {
     pub fn hold(&self, addr: u64, access: Access) -> Result<PageHold> {
         let s = &self.s;
         let page = addr & !(PAGE_SIZE - 1);
+        if addr >= crate::types::TASK_SIZE {
+            // As a load or store there: no mapping lies beyond.
+            return Err(crate::Error::Segv { addr, code: crate::SegvCode::MapErr });
+        }
         s.vm.with_ctx(|ctx| {
             let phys = &ctx.m.phys;
             loop {
@@ -101,7 +105,7 @@ impl AddressSpace {
                         _ => None,
                     };
                     let dirties = dirties.map(|(o, pindex, _)| (o, pindex));
-                    return Ok(PageHold { vm: s.vm.clone(), pfn, wired, dirties });
+                    return Ok(PageHold { vm: self.vm.clone(), pfn, wired, dirties });
                 }
                 fault::handle(ctx, s, Op::Touch, page, access, |_| {})?;
             }

@@ -117,7 +117,7 @@ impl Object {
         inherited: bool,
         file: Option<FileData>,
     ) -> Result<Arc<Object>, OutOfFrames> {
-        let index = Radix::new(&ctx.frames(), Kind::Index)?;
+        let index = Radix::index();
         if let Some(b) = &below {
             b.shadows.fetch_add(1, Ordering::Relaxed);
         }

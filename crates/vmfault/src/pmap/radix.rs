@@ -1,16 +1,33 @@
-//! A 4-level radix tree of atomic 64-bit entries whose nodes are frames.
+//! A radix tree of atomic 64-bit entries whose nodes are frames.
 //!
 //! The same structure serves as the page table (index = virtual page number,
 //! leaves = PTEs) and as a VM object's page index (index = page offset in the
-//! object, leaves = frame numbers). 512 entries per node, 9 bits per level,
-//! 36 bits of index: enough for the 2^35 pages of a 47-bit address space.
+//! object, leaves = frame numbers). 512 entries per node, 9 bits per level.
+//!
+//! - A page table has a fixed height of 4 levels (36 bits of index: the
+//!   2^35 pages of a 47-bit address space), its root allocated up front.
+//! - An object index grows as Linux's xarray does: empty, it has no node
+//!   at all; its first entry gets a root just high enough for its index,
+//!   and an index beyond the current height adds a level on top (the old
+//!   root becomes slot 0 of the new one). Up to [`MAX_HEIGHT`] levels: file
+//!   offsets up to 2^63 (pages below 2^51), as Linux allows. A small file's
+//!   index is one frame; an object nobody wrote costs none.
+//!
+//! Every index bound is a real check: a lookup beyond the tree finds
+//! nothing, an insertion beyond the limit fails (callers' own checks
+//! exclude it: `mmap` refuses offsets past 2^63 with `EOVERFLOW`, and no
+//! address reaches past `TASK_SIZE`). Nothing aliases.
 //!
 //! # Concurrency
+//! - The root word holds the root node's frame and the height together,
+//!   so a lockless walker reads both in one Acquire load; the node it
+//!   names stays valid (a root replaced by growth is the new root's slot 0;
+//!   nodes are freed only by prune and teardown, after a grace period).
 //! - Lookups are lockless: Acquire loads of each level's entry. The Acquire
-//!   pairs with the Release CAS that published the child node, which was
-//!   zeroed (plainly, as an `OwnedFrame`) before that CAS.
-//! - Missing interior nodes are added with a CAS from 0; the loser frees its
-//!   never-published frame.
+//!   pairs with the Release CAS that published the child node (or the new
+//!   root), which was zeroed (plainly, as an `OwnedFrame`) before it.
+//! - Missing interior nodes are added with a CAS from 0, a new root with a
+//!   CAS of the root word; the loser frees its never-published frame.
 //! - Interior nodes are removed only by [`Radix::prune`] / [`Radix::teardown`],
 //!   which hand the frames back to the caller to be freed after a grace
 //!   period, so a lockless walker that still holds a node sees valid memory.
@@ -21,15 +38,22 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::phys::{Frames, Kind, OwnedFrame, Pfn, PhysMem, WORDS};
 
-/// Levels of the tree.
-pub(crate) const LEVELS: u32 = 4;
+/// Levels of a page table.
+pub(crate) const TABLE_LEVELS: u32 = 4;
 /// Index bits per level.
 pub(crate) const BITS: u32 = 9;
-/// One past the largest index.
-pub(crate) const INDEX_LIMIT: u64 = 1 << (LEVELS * BITS);
+/// One past the largest page-table index (virtual page number).
+pub(crate) const TABLE_LIMIT: u64 = 1 << (TABLE_LEVELS * BITS);
+/// Most levels of an object index.
+pub(crate) const MAX_HEIGHT: u32 = 6;
+/// One past the largest object page index: byte offsets below 2^63
+/// (Linux's `MAX_LFS_FILESIZE`).
+pub(crate) const OBJECT_LIMIT: u64 = 1 << (63 - crate::types::PAGE_SHIFT);
 
 /// Interior entry: the child's frame number above bit 12, bit 0 = present.
 const PRESENT: u64 = 1;
+/// The root word: the height in its low bits (the frame above bit 12).
+const HEIGHT_MASK: u64 = 0xff;
 
 #[inline]
 fn child_of(entry: u64) -> Pfn {
@@ -52,17 +76,30 @@ fn span(level: u32) -> u64 {
     1 << (BITS * level)
 }
 
-/// The tree ran out of frames for an interior node.
+/// The height a tree needs to hold `index`.
+#[inline]
+fn height_for(index: u64) -> u32 {
+    let bits = 64 - index.leading_zeros();
+    bits.div_ceil(BITS).max(1)
+}
+
+/// The tree ran out of frames for a node (or, which callers exclude, the
+/// index lies beyond its limit).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct OutOfFrames;
 
-/// A radix tree rooted at one frame.
+/// A radix tree of frames.
 #[derive(Debug)]
 pub(crate) struct Radix {
-    /// `[I]` the root node (level 3).
-    root: Pfn,
+    /// `[a]` the root word: 0 for an empty tree, else the root node's
+    /// frame above bit 12 and the height (levels) below. Changed only from
+    /// 0 to a first root and by growth, each by CAS; a page table's is set
+    /// once at creation.
+    root: AtomicU64,
     /// `[I]` the kind of its nodes (`TABLE` or `INDEX`).
     kind: Kind,
+    /// `[I]` the most levels it may have (fixed trees have exactly these).
+    max_height: u32,
 }
 
 /// A leaf entry and the node (frame) that holds it.
@@ -75,21 +112,46 @@ pub(crate) struct Leaf<'a> {
 }
 
 impl Radix {
-    /// A tree with a fresh root of frame kind `kind`.
-    pub(crate) fn new(frames: &Frames<'_>, kind: Kind) -> Result<Radix, OutOfFrames> {
+    /// A page table: `TABLE_LEVELS` levels, with its root allocated now.
+    pub(crate) fn table(frames: &Frames<'_>) -> Result<Radix, OutOfFrames> {
         let root = frames.alloc_zeroed().ok_or(OutOfFrames)?;
-        Ok(Radix { root: frames.phys().publish(root, kind), kind })
+        let root = frames.phys().publish(root, Kind::Table);
+        let word = (u64::from(root.0) << 12) | u64::from(TABLE_LEVELS);
+        Ok(Radix { root: AtomicU64::new(word), kind: Kind::Table, max_height: TABLE_LEVELS })
     }
 
-    /// The leaf entry for `index`, if every level above it exists.
+    /// An empty object index (no frame until its first entry).
+    pub(crate) fn index() -> Radix {
+        Radix { root: AtomicU64::new(0), kind: Kind::Index, max_height: MAX_HEIGHT }
+    }
+
+    /// One past the largest index this tree may ever hold.
+    #[inline]
+    pub(crate) fn limit(&self) -> u64 {
+        if self.max_height == TABLE_LEVELS { TABLE_LIMIT } else { OBJECT_LIMIT }
+    }
+
+    /// The root node and the height, if the tree has a node.
+    #[inline]
+    fn top(&self) -> Option<(Pfn, u32)> {
+        // Acquire pairs with the Release CAS that published the root (and
+        // the old root in its slot 0, for a growth).
+        let w = self.root.load(Ordering::Acquire);
+        (w != 0).then(|| (Pfn((w >> 12) as u32), (w & HEIGHT_MASK) as u32))
+    }
+
+    /// The leaf entry for `index`, if every level above it exists (none
+    /// for an index beyond the tree).
     ///
     /// The caller must be inside an RCU read-side section or otherwise
     /// exclude pruning, for as long as it uses the result.
     #[inline]
     pub(crate) fn leaf<'p>(&self, phys: &'p PhysMem, index: u64) -> Option<Leaf<'p>> {
-        debug_assert!(index < INDEX_LIMIT);
-        let mut node = self.root;
-        for level in (1..LEVELS).rev() {
+        let (mut node, height) = self.top()?;
+        if index >= span(height) {
+            return None;
+        }
+        for level in (1..height).rev() {
             // Acquire pairs with the Release CAS in `leaf_alloc` that
             // published the (zeroed) child.
             let e = phys.words(node)[slot_at(index, level)].load(Ordering::Acquire);
@@ -101,14 +163,16 @@ impl Radix {
         Some(Leaf { entry: &phys.words(node)[slot_at(index, 0)], node })
     }
 
-    /// The leaf entry for `index`, adding missing interior nodes.
-    /// Returns how many nodes this call added, for accounting.
+    /// The leaf entry for `index`, adding missing nodes (levels on top
+    /// too). Returns how many nodes this call added, for accounting.
     pub(crate) fn leaf_alloc<'p>(&self, frames: &Frames<'p>, index: u64) -> Result<(Leaf<'p>, u32), OutOfFrames> {
-        debug_assert!(index < INDEX_LIMIT);
+        if index >= self.limit() {
+            return Err(OutOfFrames);
+        }
         let phys = frames.phys();
-        let mut node = self.root;
-        let mut added = 0;
-        for level in (1..LEVELS).rev() {
+        let mut added = self.grow(frames, height_for(index))?;
+        let (mut node, height) = self.top().expect("grown");
+        for level in (1..height).rev() {
             let slot = &phys.words(node)[slot_at(index, level)];
             let mut e = slot.load(Ordering::Acquire);
             if e == 0 {
@@ -134,13 +198,49 @@ impl Radix {
         Ok((Leaf { entry: &phys.words(node)[slot_at(index, 0)], node }, added))
     }
 
+    /// Make the tree at least `want` levels high: a first root of that
+    /// height, or new roots on top of the old one. Returns the nodes added.
+    fn grow(&self, frames: &Frames<'_>, want: u32) -> Result<u32, OutOfFrames> {
+        let phys = frames.phys();
+        let mut added = 0;
+        loop {
+            let cur = self.root.load(Ordering::Acquire);
+            let height = (cur & HEIGHT_MASK) as u32;
+            if cur != 0 && height >= want {
+                return Ok(added);
+            }
+            let fresh: OwnedFrame = frames.alloc_zeroed().ok_or(OutOfFrames)?;
+            let node = phys.publish(fresh, self.kind);
+            let word = if cur == 0 {
+                (u64::from(node.0) << 12) | u64::from(want)
+            } else {
+                // Unreachable until the CAS below (Release) publishes it.
+                phys.words(node)[0].store(entry_for(Pfn((cur >> 12) as u32)), Ordering::Relaxed);
+                (u64::from(node.0) << 12) | u64::from(height + 1)
+            };
+            match self.root.compare_exchange(cur, word, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => added += 1,
+                Err(_) => {
+                    phys.words(node)[0].store(0, Ordering::Relaxed);
+                    frames.free_owned(phys.unpublish(node, self.kind));
+                }
+            }
+        }
+    }
+
     /// Call `f(base, node)` for every level-0 node that covers part of
     /// `start..end`; `base` is the index of the node's first entry. Absent
     /// subtrees are skipped. Same caller rule as [`Radix::leaf`].
     pub(crate) fn for_each_leaf_node(&self, phys: &PhysMem, start: u64, end: u64, mut f: impl FnMut(u64, Pfn)) {
-        let end = end.min(INDEX_LIMIT);
-        if start < end {
-            walk(phys, self.root, LEVELS - 1, 0, start, end, &mut f);
+        let Some((root, height)) = self.top() else { return };
+        let end = end.min(span(height));
+        if start >= end {
+            return;
+        }
+        if height == 1 {
+            f(0, root);
+        } else {
+            walk(phys, root, height - 1, 0, start, end, &mut f);
         }
     }
 
@@ -173,10 +273,11 @@ impl Radix {
     ///
     /// The caller excludes concurrent `leaf_alloc` in `floor..ceiling`.
     pub(crate) fn prune(&self, phys: &PhysMem, r: PruneRange, out: &mut Vec<Pfn>) {
-        let r = PruneRange { ceiling: r.ceiling.min(INDEX_LIMIT), start: r.start.max(r.floor), ..r };
+        let Some((root, height)) = self.top() else { return };
+        let r = PruneRange { ceiling: r.ceiling.min(span(height)), start: r.start.max(r.floor), ..r };
         let r = PruneRange { end: r.end.min(r.ceiling), ..r };
         if r.start < r.end {
-            prune_node(phys, self.root, LEVELS - 1, 0, &r, out);
+            prune_node(phys, root, height - 1, 0, &r, out);
         }
     }
 
@@ -184,7 +285,10 @@ impl Radix {
     /// entries' values onto `leaves`. The caller owns the tree exclusively
     /// (`&mut self`); frames still go through a grace period when freed.
     pub(crate) fn teardown(&mut self, phys: &PhysMem, out: &mut Vec<Pfn>, leaves: &mut Vec<u64>) {
-        collect(phys, self.root, LEVELS - 1, out, Some(leaves));
+        if let Some((root, height)) = self.top() {
+            collect(phys, root, height - 1, out, Some(leaves));
+        }
+        *self.root.get_mut() = 0;
     }
 }
 
@@ -276,7 +380,7 @@ mod tests {
         let (rcu, _r) = crate::sync::rcu::Rcu::new(1);
         let phys = PhysMem::new(64, false, &rcu, NO_PCP, false, false).unwrap();
         let frames = Frames::global(&phys);
-        let r = Radix::new(&frames, Kind::Index).unwrap();
+        let r = Radix::table(&frames).unwrap();
         assert!(r.leaf(&phys, 12345).is_none());
         let (leaf, added) = r.leaf_alloc(&frames, 12345).unwrap();
         assert_eq!(added, 3);
@@ -286,14 +390,52 @@ mod tests {
         assert_eq!(again.node, leaf.node);
         let (_, added) = r.leaf_alloc(&frames, 12346).unwrap();
         assert_eq!(added, 0);
-        let far = INDEX_LIMIT - 1;
+        let far = TABLE_LIMIT - 1;
         r.leaf_alloc(&frames, far).unwrap().0.entry.store(5, Ordering::Relaxed);
         let mut seen = Vec::new();
-        r.for_each_present(&phys, 0, INDEX_LIMIT, |i, l| seen.push((i, l.entry.load(Ordering::Relaxed))));
+        r.for_each_present(&phys, 0, TABLE_LIMIT, |i, l| seen.push((i, l.entry.load(Ordering::Relaxed))));
         assert_eq!(seen, vec![(12345, 77), (far, 5)]);
         let mut seen = Vec::new();
         r.for_each_present(&phys, 12346, far, |i, _| seen.push(i));
         assert!(seen.is_empty());
+        // Past the limit nothing is found and nothing aliases: index
+        // 2^36 + 12345 is not 12345.
+        assert!(r.leaf(&phys, TABLE_LIMIT + 12345).is_none());
+        assert_eq!(r.leaf_alloc(&frames, TABLE_LIMIT + 12345).unwrap_err(), OutOfFrames);
+    }
+
+    #[test]
+    fn an_object_index_grows_from_nothing_and_keeps_its_entries() {
+        let (rcu, _r) = crate::sync::rcu::Rcu::new(1);
+        let phys = PhysMem::new(64, false, &rcu, NO_PCP, false, false).unwrap();
+        let frames = Frames::global(&phys);
+        let free = phys.global_free_frames();
+        let mut r = Radix::index();
+        assert!(r.leaf(&phys, 0).is_none());
+        assert_eq!(phys.global_free_frames(), free, "an empty index costs no frame");
+        // A small file: one node.
+        let (leaf, added) = r.leaf_alloc(&frames, 7).unwrap();
+        assert_eq!(added, 1);
+        leaf.entry.store(70, Ordering::Relaxed);
+        // Growing to 2^36 + 7 (where a 4-level tree wrapped to 7) keeps 7.
+        let far = (1u64 << 36) + 7;
+        let (leaf, added) = r.leaf_alloc(&frames, far).unwrap();
+        assert_eq!(added, 4 + 4, "four levels on top (height 5), four below the new root");
+        leaf.entry.store(71, Ordering::Relaxed);
+        assert_eq!(r.leaf(&phys, 7).unwrap().entry.load(Ordering::Relaxed), 70);
+        assert_eq!(r.leaf(&phys, far).unwrap().entry.load(Ordering::Relaxed), 71);
+        // The largest page of a file offset below 2^63.
+        let top = OBJECT_LIMIT - 1;
+        r.leaf_alloc(&frames, top).unwrap().0.entry.store(72, Ordering::Relaxed);
+        let mut seen = Vec::new();
+        r.for_each_present(&phys, 0, u64::MAX, |i, l| seen.push((i, l.entry.load(Ordering::Relaxed))));
+        assert_eq!(seen, vec![(7, 70), (far, 71), (top, 72)]);
+        assert_eq!(r.leaf_alloc(&frames, OBJECT_LIMIT).unwrap_err(), OutOfFrames);
+        assert!(r.leaf(&phys, OBJECT_LIMIT).is_none());
+        let (mut out, mut leaves) = (Vec::new(), Vec::new());
+        r.teardown(&phys, &mut out, &mut leaves);
+        assert_eq!(leaves, vec![70, 71, 72]);
+        assert_eq!(out.len() as u64, free - phys.global_free_frames(), "teardown finds every node");
     }
 
     #[test]
@@ -301,7 +443,7 @@ mod tests {
         let (rcu, _r) = crate::sync::rcu::Rcu::new(1);
         let phys = PhysMem::new(64, false, &rcu, NO_PCP, false, false).unwrap();
         let frames = Frames::global(&phys);
-        let r = Radix::new(&frames, Kind::Table).unwrap();
+        let r = Radix::table(&frames).unwrap();
         // Two leaves in different level-0 nodes under one level-1 node.
         r.leaf_alloc(&frames, 0).unwrap();
         r.leaf_alloc(&frames, 512).unwrap();
@@ -318,11 +460,11 @@ mod tests {
         assert!(out2.is_empty());
         // A node inside floor..ceiling but outside start..end is not
         // visited (start..end lies under the root's second slot).
-        r.prune(&phys, all(1 << 27, (1 << 27) + 1, 0, INDEX_LIMIT), &mut out2);
+        r.prune(&phys, all(1 << 27, (1 << 27) + 1, 0, TABLE_LIMIT), &mut out2);
         assert!(out2.is_empty());
         assert!(r.leaf(&phys, 0).is_some());
         // Everything: the level-2 node under the root, and below it.
-        r.prune(&phys, all(0, 1, 0, INDEX_LIMIT), &mut out2);
+        r.prune(&phys, all(0, 1, 0, TABLE_LIMIT), &mut out2);
         assert_eq!(out2.len(), 3);
         assert!(r.leaf(&phys, 0).is_none());
     }

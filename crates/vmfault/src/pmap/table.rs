@@ -11,8 +11,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::pte::Pte;
-use super::radix::{INDEX_LIMIT, Leaf, OutOfFrames, PruneRange, Radix};
-use crate::phys::{Frames, Kind, Pfn, PhysMem, WORDS};
+use super::radix::{Leaf, OutOfFrames, PruneRange, Radix, TABLE_LIMIT};
+use crate::phys::{Frames, Pfn, PhysMem, WORDS};
 use crate::sync::spin::{self, WordGuard};
 use crate::types::{Access, PAGE_SHIFT, Prot};
 
@@ -35,7 +35,7 @@ fn vpn(addr: u64) -> u64 {
 impl Pmap {
     /// An empty page table (one root page).
     pub(crate) fn new(frames: &Frames<'_>) -> Result<Pmap, OutOfFrames> {
-        Ok(Pmap { radix: Radix::new(frames, Kind::Table)?, tables: AtomicU64::new(1) })
+        Ok(Pmap { radix: Radix::table(frames)?, tables: AtomicU64::new(1) })
     }
 
     /// Page-table pages in use.
@@ -142,7 +142,7 @@ impl Pmap {
     /// that could add a table in the range.
     pub(crate) fn prune(&self, phys: &PhysMem, start: u64, end: u64, floor: u64, ceiling: u64, out: &mut Vec<Pfn>) {
         let before = out.len();
-        let index = |a: u64| if a >= INDEX_LIMIT << PAGE_SHIFT { INDEX_LIMIT } else { vpn(a) };
+        let index = |a: u64| if a >= TABLE_LIMIT << PAGE_SHIFT { TABLE_LIMIT } else { vpn(a) };
         let range = PruneRange { start: index(start), end: index(end), floor: index(floor), ceiling: index(ceiling) };
         self.radix.prune(phys, range, out);
         let freed = (out.len() - before) as u64;
@@ -165,6 +165,7 @@ impl Pmap {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+    use crate::phys::Kind;
     use crate::sync::rcu::Rcu;
 
     #[test]
