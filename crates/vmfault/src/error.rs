@@ -168,6 +168,35 @@ pub enum Error {
         /// The operation.
         op: Op,
     },
+    /// The file descriptor is closed, or was opened with `O_PATH`
+    /// (`EBADF`, Linux's `fget`).
+    #[error("{op}: the file descriptor is closed or opened with O_PATH")]
+    BadDescriptor {
+        /// The operation.
+        op: Op,
+    },
+    /// A file offset plus length past the largest file size, 2^63 - 1
+    /// (`EOVERFLOW`).
+    #[error("{op}: file offset {offset:#x} plus length {len:#x} ends past the largest file size (2^63 - 1)")]
+    Overflow {
+        /// The operation.
+        op: Op,
+        /// The file offset.
+        offset: u64,
+        /// The length (page-aligned).
+        len: u64,
+    },
+    /// A valid request this kind of mapping does not support
+    /// (`EOPNOTSUPP`), e.g. `MAP_SHARED_VALIDATE` with a flag it refuses.
+    #[error("{op}: not supported: {reason} ({value:#x})")]
+    NotSupported {
+        /// The operation.
+        op: Op,
+        /// What is not supported.
+        reason: &'static str,
+        /// The offending value.
+        value: u64,
+    },
     /// The file was not opened for what the mapping needs (`EACCES`): any
     /// mapping needs read access, a shared writable one write access.
     #[error("{op}: the file is not open for {need}")]
@@ -238,6 +267,40 @@ pub enum Error {
         /// The file's size when the fault read it.
         size: u64,
     },
+    /// Busy (`EBUSY`): `msync(MS_INVALIDATE)` over a locked mapping.
+    #[error("{op}: busy: {reason} ({value:#x})")]
+    Busy {
+        /// The operation.
+        op: Op,
+        /// What is busy.
+        reason: &'static str,
+        /// The offending value.
+        value: u64,
+    },
+    /// A file that another user holds (`EBUSY`, as `swapon` answers for a
+    /// swap file in use): a swap file another `Vm` uses.
+    #[error("{what} {path} is in use by another Vm")]
+    InUse {
+        /// What the file was to be.
+        what: &'static str,
+        /// Its path.
+        path: String,
+    },
+    /// The host cannot give what a [`Vm`](crate::Vm) of this size needs
+    /// at creation (`ENOMEM`): its page descriptors, and with `prefault`
+    /// the whole frame arena. Checked before anything is touched, so the
+    /// process is neither aborted nor killed by the host's OOM killer.
+    #[error(
+        "Vm::new: {what} need {need} bytes and the host can give {available} (MemAvailable + SwapFree, or the cgroup's limit); lower phys_bytes or turn prefault off"
+    )]
+    HostMemory {
+        /// What needs the memory.
+        what: &'static str,
+        /// Bytes needed.
+        need: u64,
+        /// Bytes the host can give.
+        available: u64,
+    },
     /// Every vCPU slot is attached to a thread (`EBUSY`).
     #[error("Vm::attach: all {cpus} vCPU slots are attached (raise VmConfig::cpus)")]
     NoCpu {
@@ -288,15 +351,20 @@ impl Error {
             | Error::NotMapped { .. }
             | Error::NoAddressSpace { .. }
             | Error::TooManyMappings { .. }
-            | Error::Unpopulated { .. } => libc::ENOMEM,
+            | Error::Unpopulated { .. }
+            | Error::HostMemory { .. } => libc::ENOMEM,
             Error::TryAgain { .. } => libc::EAGAIN,
             Error::Exists { .. } => libc::EEXIST,
             Error::Permission { .. } => libc::EPERM,
             Error::Access { .. } => libc::EACCES,
             Error::NoDevice { .. } => libc::ENODEV,
-            Error::BadFile { .. } => libc::EBADF,
+            Error::BadFile { .. } | Error::BadDescriptor { .. } => libc::EBADF,
+            Error::Overflow { .. } => libc::EOVERFLOW,
+            Error::NotSupported { .. } => libc::EOPNOTSUPP,
             Error::Segv { .. } | Error::Bus { .. } => libc::EFAULT,
-            Error::NoCpu { .. } | Error::AlreadyAttached { .. } => libc::EBUSY,
+            Error::NoCpu { .. } | Error::AlreadyAttached { .. } | Error::Busy { .. } | Error::InUse { .. } => {
+                libc::EBUSY
+            }
             Error::Host { errno, .. } => *errno,
         }
     }

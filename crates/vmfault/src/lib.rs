@@ -127,5 +127,5 @@ pub use aspace::{AddressSpace, MAX_MAP_COUNT, PageHold};
 pub use config::{FaultPath, Refcount, Rmap, VmConfig};
 pub use error::{Error, Op, Result, SegvCode};
 pub use stats::{Counter, CpuStats, Stats};
-pub use types::{Access, Advice, MMAP_MIN_ADDR, MapFlags, MappingInfo, PAGE_SIZE, Prot, TASK_SIZE};
+pub use types::{Access, Advice, MMAP_MIN_ADDR, MapFlags, MappingInfo, MsyncFlags, PAGE_SIZE, Prot, TASK_SIZE};
 pub use vm::{CpuGuard, Vm};

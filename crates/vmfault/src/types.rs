@@ -69,6 +69,21 @@ bitflags! {
     }
 }
 
+bitflags! {
+    /// `msync` flags, as `MS_*`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+    pub struct MsyncFlags: u32 {
+        /// `MS_ASYNC`: schedule the write-back (Linux checks the range and
+        /// writes nothing: dirty pages reach the file later).
+        const ASYNC = libc::MS_ASYNC as u32;
+        /// `MS_INVALIDATE`: a no-op on Linux's unified page cache (and
+        /// here), but `EBUSY` over a locked mapping.
+        const INVALIDATE = libc::MS_INVALIDATE as u32;
+        /// `MS_SYNC`: write dirty pages back and wait for the writes.
+        const SYNC = libc::MS_SYNC as u32;
+    }
+}
+
 /// The kind of a memory access through the software MMU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Access {

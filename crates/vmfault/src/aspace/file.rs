@@ -19,7 +19,7 @@ use super::{AddressSpace, Space};
 use crate::error::{Error, Op, Result};
 use crate::object::Object;
 use crate::stats::Counter;
-use crate::types::{MapFlags, Prot, TASK_SIZE, is_page_aligned, page_align_up};
+use crate::types::{MapFlags, MsyncFlags, PAGE_SIZE, Prot, is_page_aligned, page_align_up};
 use crate::vm::{Ctx, Machine};
 
 impl AddressSpace {
@@ -73,7 +73,9 @@ impl AddressSpace {
     }
 
     /// Write the dirty pages of shared file mappings in `addr..addr+len`
-    /// back to their files, and wait for the writes (`msync(MS_SYNC)`).
+    /// back to their files, and wait for the writes (`msync(MS_SYNC)`):
+    /// once it returns, every store made to those pages before the call is
+    /// in the file, including pages another thread was writing back.
     ///
     /// As in Linux: an unaligned `addr` is `EINVAL`; every mapped part of
     /// the range is synced, and a range with unmapped parts then fails with
@@ -81,40 +83,86 @@ impl AddressSpace {
     /// failed write is the host's errno; the pages it did not write stay
     /// dirty.
     pub fn msync(&self, addr: u64, len: u64) -> Result<()> {
+        self.msync_flags(addr, len, MsyncFlags::SYNC)
+    }
+
+    /// `msync` with its flags, checked in Linux's order: unknown bits, an
+    /// unaligned `addr`, `MS_ASYNC` with `MS_SYNC` (`EINVAL`); a range that
+    /// wraps (`ENOMEM`); a zero length succeeds. Then mapping by mapping:
+    /// a hole is `ENOMEM` (at once for `MS_ASYNC` alone, else once the
+    /// rest is synced), `MS_INVALIDATE` over a locked mapping `EBUSY`.
+    /// Only `MS_SYNC` writes (`MS_ASYNC` checks, as on Linux since 2.6.19).
+    pub fn msync_flags(&self, addr: u64, len: u64, flags: MsyncFlags) -> Result<()> {
         let s = &self.s;
-        s.vm.with_ctx(|ctx| s.msync(ctx, addr, len))
+        s.vm.with_ctx(|ctx| s.msync(ctx, addr, len, flags))
     }
 }
 
 impl Space {
-    fn msync(&self, ctx: &Ctx<'_>, addr: u64, len: u64) -> Result<()> {
+    fn msync(&self, ctx: &Ctx<'_>, addr: u64, len: u64, flags: MsyncFlags) -> Result<()> {
         let op = Op::Msync;
+        if MsyncFlags::from_bits(flags.bits()).is_none() {
+            return Err(Error::inval(op, "unknown MS_* bits", u64::from(flags.bits())));
+        }
         if !is_page_aligned(addr) {
             return Err(Error::inval(op, "address not page-aligned", addr));
         }
-        let end = page_align_up(len).and_then(|l| addr.checked_add(l)).filter(|&e| e <= TASK_SIZE);
-        let Some(end) = end else {
-            return Err(Error::NotMapped { op, addr, end: addr.saturating_add(len) });
-        };
-        let (targets, hole) = {
+        if flags.contains(MsyncFlags::ASYNC | MsyncFlags::SYNC) {
+            return Err(Error::inval(op, "MS_ASYNC with MS_SYNC", u64::from(flags.bits())));
+        }
+        let end = addr.wrapping_add(len.wrapping_add(PAGE_SIZE - 1) & !(PAGE_SIZE - 1));
+        if end < addr {
+            return Err(Error::NotMapped { op, addr, end: u64::MAX });
+        }
+        if end == addr {
+            return Ok(());
+        }
+        // Linux's walk (`mm/msync.c`), collected under the map lock; the
+        // writes follow in order, and the first error stops them.
+        let (targets, failed, hole) = {
             let map = self.map_read(ctx);
             let mut pos = addr;
-            let mut hole = false;
+            let (mut hole, mut failed) = (false, None);
             let mut targets = Vec::new();
-            for v in map.overlapping(addr, end) {
-                hole |= v.start > pos;
+            loop {
+                let Some(v) = map.find_from(pos) else {
+                    failed = Some(Error::NotMapped { op, addr, end });
+                    break;
+                };
+                if pos < v.start {
+                    if flags == MsyncFlags::ASYNC {
+                        failed = Some(Error::NotMapped { op, addr, end });
+                        break;
+                    }
+                    pos = v.start;
+                    if pos >= end {
+                        failed = Some(Error::NotMapped { op, addr, end });
+                        break;
+                    }
+                    hole = true;
+                }
+                if flags.contains(MsyncFlags::INVALIDATE) && v.flags.contains(super::vma::VmaFlags::LOCKED) {
+                    failed = Some(Error::Busy { op, reason: "MS_INVALIDATE over a locked mapping", value: v.start });
+                    break;
+                }
+                if flags.contains(MsyncFlags::SYNC) {
+                    targets.extend(file_range(v, pos, end));
+                }
                 pos = v.end;
-                targets.extend(file_range(v, addr, end));
+                if pos >= end {
+                    break;
+                }
             }
-            (targets, hole || pos < end)
+            (targets, failed, hole)
         };
         for (o, s, e) in targets {
             write_back(ctx.m, Some(ctx), &o, s, e, true)?;
         }
-        if hole {
-            return Err(Error::NotMapped { op, addr, end });
+        match failed {
+            Some(e) => Err(e),
+            None if hole => Err(Error::NotMapped { op, addr, end }),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// Write back what the shared file mappings among `removed` (just

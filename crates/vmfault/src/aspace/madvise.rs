@@ -28,7 +28,7 @@ impl AddressSpace {
     /// and `Free` change nothing without swap or memory pressure.
     ///
     /// Errors: unaligned `addr`, a range that wraps, `Free` on shared memory
-    /// (`EINVAL`); `DontNeed` or `Free` on an `mlock`ed mapping (`EINVAL`, once
+    /// or a file mapping (`EINVAL`); `DontNeed` or `Free` on an `mlock`ed mapping (`EINVAL`, once
     /// the mappings before it are advised); holes in the range (`ENOMEM`,
     /// after advising the rest).
     pub fn madvise(&self, addr: u64, len: u64, advice: Advice) -> Result<()> {
@@ -63,7 +63,9 @@ impl Space {
                     if advice == Advice::Free && v.flags.contains(VmaFlags::LOCKED) {
                         return Err(Error::inval(op, "MADV_FREE on an mlocked mapping", v.start));
                     }
-                    if advice == Advice::Free && v.is_shared() {
+                    // Linux's `vma_is_anonymous`: shared memory (shmem)
+                    // and private file mappings are not.
+                    if advice == Advice::Free && (v.is_shared() || v.flags.contains(VmaFlags::FILE)) {
                         return Err(Error::inval(op, "MADV_FREE applies to private anonymous memory only", v.start));
                     }
                     Ok(())

@@ -64,6 +64,12 @@ impl Space {
         {
             return Err(Error::inval(op, "file offset not page-aligned", offset));
         }
+        // `fget`: a closed descriptor, or one opened with `O_PATH`.
+        if let Some((f, _)) = file
+            && !usable(f)
+        {
+            return Err(Error::BadDescriptor { op });
+        }
         if MapFlags::from_bits(flags.bits()).is_none() {
             return Err(Error::inval(op, "unknown MAP_* flag bits", u64::from(flags.bits() & !MapFlags::all().bits())));
         }
@@ -83,11 +89,6 @@ impl Space {
         let len = page_align_up(len).ok_or(Error::NoAddressSpace { op, addr, len })?;
         if len > TASK_SIZE {
             return Err(Error::NoAddressSpace { op, addr, len });
-        }
-        if let Some((_, offset)) = file
-            && offset.checked_add(len).is_none()
-        {
-            return Err(Error::inval(op, "file offset plus length overflows", offset));
         }
         let shared = flags.contains(MapFlags::SHARED);
 
@@ -110,11 +111,30 @@ impl Space {
         if flags.contains(MapFlags::FIXED_NOREPLACE) && map.intersects(start, end) {
             return Err(Error::Exists { addr: start, end });
         }
+        // `file_mmap_ok`: the mapping must end below the largest file
+        // size (`MAX_LFS_FILESIZE`, 2^63 - 1).
+        if let Some((_, offset)) = file
+            && offset >> PAGE_SHIFT > ((i64::MAX as u64) - len) >> PAGE_SHIFT
+        {
+            return Err(Error::Overflow { op, offset, len });
+        }
         let type_bits = flags & (MapFlags::SHARED | MapFlags::PRIVATE);
-        if type_bits != MapFlags::SHARED && type_bits != MapFlags::PRIVATE {
+        let validate = type_bits == MapFlags::SHARED | MapFlags::PRIVATE;
+        if validate && file.is_some() {
+            // `MAP_SHARED_VALIDATE`: `MAP_SHARED` that refuses the flags
+            // it does not know (`MAP_SHARED` ignores them); of vmfault's,
+            // `MAP_FIXED_NOREPLACE` is not among Linux's legacy flags.
+            if flags.contains(MapFlags::FIXED_NOREPLACE) {
+                return Err(Error::NotSupported {
+                    op,
+                    reason: "MAP_SHARED_VALIDATE with a flag outside the legacy set",
+                    value: u64::from(MapFlags::FIXED_NOREPLACE.bits()),
+                });
+            }
+        } else if type_bits != MapFlags::SHARED && type_bits != MapFlags::PRIVATE {
             return Err(Error::inval(
                 op,
-                "exactly one of MAP_PRIVATE and MAP_SHARED is required",
+                "exactly one of MAP_PRIVATE and MAP_SHARED (or MAP_SHARED_VALIDATE, for a file) is required",
                 u64::from(type_bits.bits()),
             ));
         }
@@ -178,6 +198,15 @@ impl Space {
             .then(|| if prot.contains(Prot::WRITE) && !shared { Access::Write } else { Access::Read });
         Ok((start, populate))
     }
+}
+
+/// Whether `f` is a descriptor `mmap` can look at (Linux's `fget` fails
+/// on a closed one and on one opened with `O_PATH`): neither can be read
+/// nor written, even zero bytes, while any open mode allows one of them.
+fn usable(f: &File) -> bool {
+    use std::os::unix::fs::FileExt;
+    let ebadf = |r: std::io::Result<usize>| r.is_err_and(|e| e.raw_os_error() == Some(libc::EBADF));
+    !(ebadf(f.read_at(&mut [], 0)) && ebadf(f.write_at(&[], 0)))
 }
 
 /// Linux's checks of a file in `do_mmap`: open for reading (`EACCES`), and

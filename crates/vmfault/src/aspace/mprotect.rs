@@ -26,10 +26,13 @@ use crate::vm::Ctx;
 impl AddressSpace {
     /// Change the protection of `addr..addr+len` (`len` rounded up).
     ///
-    /// A zero `len` succeeds without looking at anything (as Linux). Errors:
-    /// unaligned `addr` or unknown `PROT_*` bits (`EINVAL`); a range that
-    /// wraps, or that is not fully mapped (`ENOMEM`; mappings before the
-    /// first hole have been changed).
+    /// A zero `len` succeeds without looking at anything (as Linux). Errors,
+    /// in Linux's order: `PROT_GROWSDOWN` with `PROT_GROWSUP`, an unaligned
+    /// `addr` (`EINVAL`); a range that wraps (`ENOMEM`); unknown `PROT_*`
+    /// bits (`EINVAL`; `PROT_SEM` is accepted and ignored); a range that
+    /// is not fully mapped (`ENOMEM`; mappings before the first hole have
+    /// been changed). `PROT_GROWSDOWN` or `PROT_GROWSUP` on a mapped range
+    /// is `EINVAL` (no mapping here grows), on a hole `ENOMEM`.
     pub fn mprotect(&self, addr: u64, len: u64, prot: Prot) -> Result<()> {
         self.s.vm.with_ctx(|ctx| {
             ctx.count(Counter::mprotect_calls);
@@ -37,6 +40,14 @@ impl AddressSpace {
         })
     }
 }
+
+/// `PROT_SEM` (accepted by x86's `arch_validate_prot`, without effect).
+const PROT_SEM: u32 = 0x8;
+/// `PROT_GROWSDOWN`: extend the change down to the start of a growing
+/// stack mapping.
+const PROT_GROWSDOWN: u32 = 0x0100_0000;
+/// `PROT_GROWSUP` (no x86 mapping grows up).
+const PROT_GROWSUP: u32 = 0x0200_0000;
 
 /// What a VMA attribute change did (see `modify_range_locked`).
 #[derive(Debug, Default)]
@@ -67,6 +78,11 @@ fn accounted_flags(vma: &Vma, prot: Prot) -> VmaFlags {
 impl Space {
     fn mprotect(&self, ctx: &Ctx<'_>, addr: u64, len: u64, prot: Prot) -> Result<()> {
         let op = Op::Mprotect;
+        // Linux's `do_mprotect_pkey`, in its order.
+        let grows = prot.bits() & (PROT_GROWSDOWN | PROT_GROWSUP);
+        if grows == PROT_GROWSDOWN | PROT_GROWSUP {
+            return Err(Error::inval(op, "PROT_GROWSDOWN and PROT_GROWSUP together", u64::from(prot.bits())));
+        }
         if !is_page_aligned(addr) {
             return Err(Error::inval(op, "address not page-aligned", addr));
         }
@@ -77,8 +93,22 @@ impl Space {
             Some(e) if e > addr => e,
             _ => return Err(Error::NoAddressSpace { op, addr, len }),
         };
-        if Prot::from_bits(prot.bits()).is_none() {
+        // `arch_validate_prot`: PROT_SEM is accepted (and means nothing).
+        let bits = prot.bits() & !(PROT_GROWSDOWN | PROT_GROWSUP | PROT_SEM);
+        let Some(prot) = Prot::from_bits(bits) else {
             return Err(Error::inval(op, "unknown PROT_* bits", u64::from(prot.bits())));
+        };
+        if grows != 0 {
+            // The VMA lookup comes first (`ENOMEM` on a hole); then no VMA
+            // here grows (vmfault has no `MAP_GROWSDOWN`, and x86 no
+            // `VM_GROWSUP`): `EINVAL`.
+            let map = self.map_read(ctx);
+            let vma = map.find_from(addr).filter(|v| v.start < end);
+            let Some(vma) = vma else { return Err(Error::NotMapped { op, addr, end }) };
+            if grows == PROT_GROWSUP && vma.start > addr {
+                return Err(Error::NotMapped { op, addr, end });
+            }
+            return Err(Error::inval(op, "the mapping does not grow (PROT_GROWSDOWN/PROT_GROWSUP)", vma.start));
         }
         let mut changes = Changes::default();
         let mut populate = Vec::new();
