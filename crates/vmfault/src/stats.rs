@@ -115,6 +115,7 @@ stats! {
         daemon_file_writebacks: "dirty file pages the page daemon wrote back before freeing them",
         swap_used_pages: "swap slots holding a page now",
         swap_total_pages: "swap slots in all (0: no swap)",
+        swap_bad_slots: "swap slots taken out of use after a failed write",
         active_pages: "pages on the active queue (swap configured; pages in vCPUs' batches not yet)",
         inactive_pages: "pages on the inactive queue: the page daemon's next candidates",
         queue_lock_acquisitions: "acquisitions of the page-queue lock (batches of vCPUs, the daemon)",

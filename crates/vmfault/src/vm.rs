@@ -13,7 +13,7 @@ use crate::config::VmConfig;
 use crate::error::{Error, Result};
 use crate::phys::{Frames, Kind, PhysMem};
 use crate::stats::{Counter, CounterSet, CpuCounters, CpuStats, Stats};
-use crate::sync::cpu::{Attachment, Claim, CpuSet};
+use crate::sync::cpu::{Attachment, CpuSet};
 use crate::sync::rcu::{Rcu, RcuPin, RcuReadGuard, RcuReader};
 use crate::types::PAGE_SIZE;
 
@@ -61,6 +61,9 @@ pub(crate) struct Machine {
     pub(crate) swap: Option<crate::reclaim::Swap>,
     /// The anonymous objects, registered only with swap (locks inside).
     pub(crate) reclaimable: crate::object::Reclaimable,
+    /// `[a]` set when the user's last handle goes (`Life`): the machine's
+    /// threads end.
+    pub(crate) stop: std::sync::atomic::AtomicBool,
 }
 
 impl Machine {
@@ -157,13 +160,60 @@ pub struct Vm {
     _life: Arc<Life>,
 }
 
-/// See [`Vm::_life`].
+/// The machine as the address spaces hold it: unlike a [`Vm`], it does
+/// not keep the user's handle alive, so the page daemon, which holds
+/// spaces for a moment, never delays the end of a `Vm` (the user-facing
+/// [`AddressSpace`] carries a `Vm`).
+#[derive(Debug, Clone)]
+pub(crate) struct Handle {
+    /// The machine.
+    pub(crate) m: Arc<Machine>,
+}
+
+impl Handle {
+    /// Run `f` with this thread's vCPU context for one operation.
+    pub(crate) fn with_ctx<R>(&self, f: impl FnOnce(&Ctx<'_>) -> R) -> R {
+        with_ctx(&self.m, f)
+    }
+}
+
+/// Run `f` with this thread's vCPU context on `m` for one operation.
+fn with_ctx<R>(m: &Machine, f: impl FnOnce(&Ctx<'_>) -> R) -> R {
+    let mut claim = m.cpus.claim();
+    let index = claim.index();
+    let (cpu, own) = claim.parts();
+    let ctx = Ctx { m, cpu, own: &*own, index };
+    f(&ctx)
+}
+
+/// See [`Vm::_life`]: the end of the user's last handle. The machine's
+/// own threads (page daemon, drain thread) are stopped and joined here,
+/// so none of them outlives the `Vm` by a second, and the swap file's
+/// path is freed at once (a new `Vm` may take it: `Swap::unlink`).
 #[derive(Debug)]
-struct Life(Arc<Machine>);
+struct Life {
+    m: Arc<Machine>,
+    threads: std::sync::Mutex<Vec<std::thread::JoinHandle<()>>>,
+}
 
 impl Drop for Life {
     fn drop(&mut self) {
-        self.0.files.drop_cached();
+        self.m.stop.store(true, std::sync::atomic::Ordering::Release);
+        self.m.phys.doorbell.stop();
+        let me = std::thread::current().id();
+        for t in std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner())) {
+            t.thread().unpark();
+            // A thread of the machine never drops the last handle itself
+            // (the daemon's references go to the reaper); never wait for
+            // oneself all the same.
+            if t.thread().id() != me {
+                let _ = t.join();
+            }
+        }
+        self.m.files.drop_cached();
+        if let Some(swap) = &self.m.swap {
+            swap.unlink();
+        }
     }
 }
 
@@ -189,6 +239,7 @@ impl Vm {
     pub fn new(config: VmConfig) -> Result<Vm> {
         config.validate()?;
         let frames = (config.phys_bytes / PAGE_SIZE) as u32;
+        host_can_give(&config, frames)?;
         // One reader per slot (the shared one included), one for the daemon.
         let (rcu, readers) = Rcu::new(config.cpus + 2);
         let mut phys = PhysMem::new(
@@ -213,7 +264,7 @@ impl Vm {
             None => None,
         };
         let pv = match config.rmap {
-            crate::config::Rmap::PvEntry => crate::object::PvTable::new(frames),
+            crate::config::Rmap::PvEntry => crate::object::PvTable::new(frames)?,
             crate::config::Rmap::Backing => crate::object::PvTable::default(),
         };
         let m = Arc::new(Machine {
@@ -228,14 +279,18 @@ impl Vm {
             orphans: Default::default(),
             reclaimable: crate::object::Reclaimable::new(swap.is_some()),
             swap,
+            stop: Default::default(),
         });
+        let life = Life { m: m.clone(), threads: Default::default() };
+        let mut threads = Vec::new();
         if m.config.pcpu_drain_hz > 0 {
-            spawn_drainer(&m)?;
+            threads.push(spawn_drainer(&m)?);
         }
         if m.config.page_daemon && (m.config.pcpu_pages > 0 || m.swap.is_some()) {
-            crate::reclaim::spawn_daemon(&m, daemon_reader)?;
+            threads.push(crate::reclaim::spawn_daemon(&m, daemon_reader)?);
         }
-        Ok(Vm { _life: Arc::new(Life(m.clone())), m })
+        *life.threads.lock().unwrap_or_else(|p| p.into_inner()) = threads;
+        Ok(Vm { _life: Arc::new(life), m })
     }
 
     /// Drain every vCPU's page cache into the global free list, without the
@@ -293,11 +348,6 @@ impl Vm {
         AddressSpace::new(self.clone())
     }
 
-    /// Claim the calling thread's vCPU (or the shared slot) for one operation.
-    pub(crate) fn claim(&self) -> Claim<'_, PerCpu, PerCpuOwned> {
-        self.m.cpus.claim()
-    }
-
     /// Fail the next `n` writes to the swap file with `EIO` (fault
     /// injection, for tests of what a failed pageout keeps). No effect
     /// without swap.
@@ -329,6 +379,7 @@ impl Vm {
             daemon_file_writebacks: phys.doorbell.file_writebacks.load(std::sync::atomic::Ordering::Relaxed),
             swap_used_pages: self.m.swap.as_ref().map_or(0, |s| s.used()),
             swap_total_pages: self.m.swap.as_ref().map_or(0, |s| s.slots()),
+            swap_bad_slots: self.m.swap.as_ref().map_or(0, |s| s.bad_slots()),
             active_pages: phys.queues.as_ref().map_or(0, |q| q.lens().0),
             inactive_pages: phys.queues.as_ref().map_or(0, |q| q.lens().1),
             queue_lock_acquisitions: phys.queues.as_ref().map_or(0, |q| q.acquisitions()),
@@ -362,7 +413,7 @@ impl Vm {
     /// Handles to the live address spaces.
     fn spaces(&self) -> Vec<AddressSpace> {
         let map = self.m.spaces.lock().unwrap_or_else(|p| p.into_inner());
-        map.values().filter_map(|w| w.upgrade()).map(|s| AddressSpace { s }).collect()
+        map.values().filter_map(|w| w.upgrade()).map(|s| AddressSpace { s, vm: self.clone() }).collect()
     }
 
     /// Per-vCPU counters: one entry per slot, the shared slot last.
@@ -381,11 +432,13 @@ impl Vm {
 
     /// Run `f` with this thread's vCPU context for one operation.
     pub(crate) fn with_ctx<R>(&self, f: impl FnOnce(&Ctx<'_>) -> R) -> R {
-        let mut claim = self.claim();
-        let index = claim.index();
-        let (cpu, own) = claim.parts();
-        let ctx = Ctx { m: &self.m, cpu, own: &*own, index };
-        f(&ctx)
+        with_ctx(&self.m, f)
+    }
+
+    /// An internal handle to the machine, which does not keep the user's
+    /// `Vm` alive (see [`Handle`]).
+    pub(crate) fn handle(&self) -> Handle {
+        Handle { m: self.m.clone() }
     }
 
     /// Whether two handles are the same machine.
@@ -414,9 +467,30 @@ impl Drop for CpuGuard {
     }
 }
 
+/// Refuse a machine the host cannot give what it touches at creation: the
+/// page descriptors (and pv lists), and with `prefault` every frame. A
+/// failed allocation would abort the process, and a prefault past what
+/// the host has would get it killed.
+fn host_can_give(config: &VmConfig, frames: u32) -> Result<()> {
+    let per_frame = std::mem::size_of::<crate::phys::Page>()
+        + match config.rmap {
+            crate::config::Rmap::PvEntry => std::mem::size_of::<std::sync::Mutex<Vec<crate::object::Pv>>>(),
+            crate::config::Rmap::Backing => 0,
+        };
+    let descriptors = u64::from(frames) * per_frame as u64;
+    let (need, what) = match config.prefault {
+        true => (descriptors + config.phys_bytes, "the prefaulted frame arena and the page descriptors"),
+        false => (descriptors, "the page descriptors"),
+    };
+    match crate::phys::host_available() {
+        Some(available) if need > available => Err(Error::HostMemory { what, need, available }),
+        _ => Ok(()),
+    }
+}
+
 /// The `pcpu_drain_hz` thread: drains all page caches periodically until
-/// the machine is gone.
-fn spawn_drainer(m: &Arc<Machine>) -> Result<()> {
+/// the machine stops (`Life::drop` unparks and joins it).
+fn spawn_drainer(m: &Arc<Machine>) -> Result<std::thread::JoinHandle<()>> {
     let weak = Arc::downgrade(m);
     let period = std::time::Duration::from_secs_f64(1.0 / f64::from(m.config.pcpu_drain_hz));
     std::thread::Builder::new()
@@ -424,17 +498,23 @@ fn spawn_drainer(m: &Arc<Machine>) -> Result<()> {
         .spawn(move || {
             let mut next = std::time::Instant::now() + period;
             loop {
-                std::thread::sleep(next.saturating_duration_since(std::time::Instant::now()));
+                std::thread::park_timeout(next.saturating_duration_since(std::time::Instant::now()));
+                if std::time::Instant::now() < next {
+                    // Unparked early: the machine may be stopping.
+                    if weak.upgrade().is_none_or(|m| m.stop.load(std::sync::atomic::Ordering::Acquire)) {
+                        return;
+                    }
+                    continue;
+                }
                 next += period;
                 match weak.upgrade() {
-                    Some(m) => {
+                    Some(m) if !m.stop.load(std::sync::atomic::Ordering::Acquire) => {
                         m.phys.drain_pcpu(&m.rcu);
                     }
-                    None => return,
+                    _ => return,
                 }
             }
         })
-        .map(|_| ())
         .map_err(|e| Error::Host { call: "spawn of the page-cache drain thread", errno: e.raw_os_error().unwrap_or(0) })
 }
 

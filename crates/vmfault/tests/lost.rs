@@ -188,7 +188,9 @@ fn shared_file_pages_survive_forks_and_pageout() {
         let vm = swap_vm("forkwb", PHYS, 4, path);
         let space = vm.new_space().unwrap();
         let shared = space.mmap_file(0, PAGES * P, RW, MapFlags::SHARED, &file.rw(), 0).unwrap();
-        let anon = space.mmap(0, PHYS * P, RW, MapFlags::PRIVATE | MapFlags::ANONYMOUS).unwrap();
+        // Half of memory: with a child's copy of each below the parent's
+        // (copy-on-write), swap (twice memory) holds them all.
+        let anon = space.mmap(0, PHYS / 2 * P, RW, MapFlags::PRIVATE | MapFlags::ANONYMOUS).unwrap();
         let stop = Arc::new(AtomicBool::new(false));
         let forker = {
             let (vm, space, stop) = (vm.clone(), space.clone(), stop.clone());
@@ -210,7 +212,7 @@ fn shared_file_pages_survive_forks_and_pageout() {
                 let _cpu = vm.attach().unwrap();
                 let mut x = 77u64;
                 while !stop.load(Ordering::Relaxed) {
-                    let page = next(&mut x) % PHYS;
+                    let page = next(&mut x) % (PHYS / 2);
                     space.write(anon + page * P, &page.to_le_bytes()).unwrap();
                 }
             })
@@ -225,7 +227,9 @@ fn shared_file_pages_survive_forks_and_pageout() {
         while Instant::now() < deadline {
             i += 1;
             let p = next(&mut x) % PAGES;
-            space.write(shared + p * P, &i.to_le_bytes()).unwrap();
+            if let Err(e) = space.write(shared + p * P, &i.to_le_bytes()) {
+                panic!("{path:?}: {e}\n{:#?}", vm.stats());
+            }
             last[p as usize] = i;
             if i % 8 == 0 {
                 space.msync(shared, PAGES * P).unwrap();
@@ -253,5 +257,227 @@ fn shared_file_pages_survive_forks_and_pageout() {
         let s = vm.stats();
         assert!(forks > 10 && s.pageouts > 0, "{path:?}: {forks} forks, {} pageouts", s.pageouts);
         drop(space);
+        drop(_cpu);
+        vm.drop_caches();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while (vm.stats().free_pages, vm.stats().swap_used_pages) != (PHYS - 1, 0) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let s = vm.stats();
+        assert_eq!((s.free_pages, s.swap_used_pages), (PHYS - 1, 0), "{path:?}: frames or swap slots leaked");
     }
+}
+
+/// A sparse file of `size` bytes on a filesystem that holds files that
+/// large (tmpfs: `/dev/shm`), or `None` where there is none.
+fn huge_file(size: u64) -> Option<(std::path::PathBuf, std::fs::File)> {
+    let path = std::path::Path::new("/dev/shm").join(format!("vmfault-test-huge-{}", std::process::id()));
+    let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).ok()?;
+    if f.set_len(size).is_err() {
+        let _ = std::fs::remove_file(&path);
+        return None;
+    }
+    Some((path, f))
+}
+
+/// Problem 2: the object index had 36 bits: file page 2^36 + k was page k
+/// of the cache, so a mapping at offset 2^48 read the bytes at offset 0
+/// and wrote its dirty pages back over them. Offsets up to 2^63 - 1 work
+/// now, as on Linux (tmpfs, xfs and btrfs hold sparse files that large).
+#[test]
+fn file_offsets_past_two_to_the_48_do_not_alias() {
+    use std::os::unix::fs::FileExt;
+    let far = [1u64 << 48, (1 << 48) + (1 << 36) * P, 1 << 62, (1 << 63) - 2 * P];
+    let Some((path, f)) = huge_file((1 << 63) - P) else {
+        panic!("no filesystem for a sparse file of 2^63 bytes at /dev/shm (tmpfs)");
+    };
+    f.write_all_at(b"page zero", 0).unwrap();
+    for (k, &off) in far.iter().enumerate() {
+        f.write_all_at(format!("far page {k}").as_bytes(), off).unwrap();
+    }
+    for path in FAULT_PATHS {
+        let vm = common::test_vm(4 << 20, 2, path);
+        let space = vm.new_space().unwrap();
+        let low = space.mmap_file(0, P, RW, MapFlags::SHARED, &f, 0).unwrap();
+        let highs: Vec<u64> =
+            far.iter().map(|&off| space.mmap_file(0, P, RW, MapFlags::SHARED, &f, off).unwrap()).collect();
+        let mut buf = [0u8; 10];
+        space.read(low, &mut buf).unwrap();
+        assert_eq!(&buf, b"page zero\0", "{path:?}");
+        for (k, &a) in highs.iter().enumerate() {
+            space.read(a, &mut buf).unwrap();
+            assert_eq!(&buf, format!("far page {k}").as_bytes(), "{path:?}: offset {:#x}", far[k]);
+            space.write(a + 100, format!("written {k}").as_bytes()).unwrap();
+        }
+        space.msync(low, P).unwrap();
+        for &a in &highs {
+            space.msync(a, P).unwrap();
+        }
+        let mut disk = [0u8; 120];
+        f.read_exact_at(&mut disk, 0).unwrap();
+        assert_eq!(&disk[..9], b"page zero", "{path:?}");
+        assert!(disk[9..].iter().all(|&b| b == 0), "{path:?}: a far page was written over page 0");
+        for (k, &off) in far.iter().enumerate() {
+            f.read_exact_at(&mut disk, off).unwrap();
+            assert_eq!(&disk[100..109], format!("written {k}").as_bytes(), "{path:?}");
+        }
+        // An index this tall costs a few frames, not a page table's worth.
+        assert!(vm.stats().index_pages < 40, "{path:?}: {} index pages", vm.stats().index_pages);
+        drop(space);
+    }
+    // Past the largest file size: EOVERFLOW, as Linux's file_mmap_ok.
+    let vm = common::test_vm(4 << 20, 2, FaultPath::Speculative);
+    let space = vm.new_space().unwrap();
+    let e = space.mmap_file(0, 2 * P, Prot::READ, MapFlags::SHARED, &f, (1 << 63) - P).unwrap_err();
+    assert_eq!(e.errno(), libc::EOVERFLOW, "{e}");
+    drop(f);
+    std::fs::remove_file(path).unwrap();
+}
+
+/// Problem 6: `hold` looked the PTE up without the `TASK_SIZE` check of
+/// loads and stores, and the page-table radix masked the page number to
+/// 36 bits, so `hold(a + 2^48)` wired and returned the page mapped at `a`.
+#[test]
+fn hold_beyond_the_address_space_is_a_segv() {
+    for path in FAULT_PATHS {
+        let vm = common::test_vm(4 << 20, 2, path);
+        let space = vm.new_space().unwrap();
+        let a = space.mmap(0, P, RW, MapFlags::PRIVATE | MapFlags::ANONYMOUS).unwrap();
+        space.write(a, b"mine").unwrap();
+        for access in [vmfault::Access::Read, vmfault::Access::Write] {
+            for far in [a + (1 << 48), a + (1 << 60), vmfault::TASK_SIZE] {
+                let e = space.hold(far, access).unwrap_err();
+                assert_eq!(e, vmfault::Error::Segv { addr: far, code: vmfault::SegvCode::MapErr }, "{path:?}");
+                assert_eq!(space.read(far, &mut [0u8; 1]).unwrap_err(), e, "{path:?}: as a load says");
+            }
+        }
+        assert_eq!(vm.stats().wired_pages, 0, "{path:?}");
+    }
+}
+
+/// A tmpfs of `size` mounted at a fresh directory, unmounted when dropped
+/// (`None` where this process may not mount: not root).
+struct SmallFs(std::path::PathBuf);
+
+impl SmallFs {
+    fn mount(size: &str) -> Option<SmallFs> {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("vmfault-test-smallfs-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).ok()?;
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "vmfault-test"])
+            .arg(&dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            let _ = std::fs::remove_dir(&dir);
+            return None;
+        }
+        Some(SmallFs(dir))
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// Problem 7: a swap file that cannot hold what it promises. Its size was
+/// set with `set_len` (a sparse file): 16 MiB of swap on a 1 MiB
+/// filesystem was accepted and every pageout past the first MiB failed.
+/// Now its blocks are allocated at `Vm::new` (`ENOSPC` there, and the file
+/// is not left behind); a swap file another `Vm` uses is `EBUSY` (the
+/// second truncated the first one's live file, whose pages then read back
+/// as zeros), as `swapon` answers.
+#[test]
+fn swap_files_hold_what_they_promise_and_are_never_shared() {
+    let Some(fs) = SmallFs::mount("1m") else {
+        panic!("this test mounts a 1 MiB tmpfs and needs root (CI runs as root)");
+    };
+    let cfg = |bytes: u64, path: std::path::PathBuf| VmConfig {
+        phys_bytes: 64 * P,
+        cpus: 2,
+        prefault: false,
+        swap: Some(path),
+        swap_bytes: bytes,
+        ..VmConfig::default()
+    };
+    let e = Vm::new(cfg(16 << 20, fs.0.clone())).unwrap_err();
+    assert_eq!(e.errno(), libc::ENOSPC, "{e}");
+    assert_eq!(std::fs::read_dir(&fs.0).unwrap().count(), 0, "the failed Vm left its swap file behind");
+    let named = fs.0.join("swap");
+    let e = Vm::new(cfg(16 << 20, named.clone())).unwrap_err();
+    assert_eq!(e.errno(), libc::ENOSPC, "{e}");
+    assert!(!named.exists(), "the failed Vm left its swap file behind");
+
+    // Two Vms, one swap file: the second is refused and the first keeps
+    // its pages (written, paged out, read back).
+    let first = Vm::new(cfg(512 << 10, named.clone())).unwrap();
+    let e = Vm::new(cfg(512 << 10, named.clone())).unwrap_err();
+    assert_eq!(e.errno(), libc::EBUSY, "{e}");
+    assert!(e.to_string().contains("in use"), "{e}");
+    let space = first.new_space().unwrap();
+    let _cpu = first.attach().unwrap();
+    let a = space.mmap(0, 96 * P, RW, MapFlags::PRIVATE | MapFlags::ANONYMOUS).unwrap();
+    for p in 0..96 {
+        space.write(a + p * P, &pattern(3, p)).unwrap();
+    }
+    let mut buf = vec![0u8; P as usize];
+    for p in 0..96 {
+        space.read(a + p * P, &mut buf).unwrap();
+        assert!(buf == pattern(3, p), "page {p} lost its contents");
+    }
+    assert!(first.stats().pageouts > 0);
+    drop((space, _cpu, first));
+    assert!(!named.exists(), "the swap file goes with its Vm");
+    // Free again: a new Vm may take the path.
+    drop(Vm::new(cfg(512 << 10, named.clone())).unwrap());
+}
+
+/// A failed swap write takes its slot out of use (it was pushed back on
+/// top of the free stack, and the next pageout took it again: hundreds of
+/// thousands of failed writes a second on a full filesystem).
+#[test]
+fn a_failed_swap_write_retires_its_slot() {
+    let vm = swap_vm("badslot", 64, 2, FaultPath::Speculative);
+    vm.fail_swap_writes(5);
+    let space = vm.new_space().unwrap();
+    let _cpu = vm.attach().unwrap();
+    let a = space.mmap(0, 128 * P, RW, MapFlags::PRIVATE | MapFlags::ANONYMOUS).unwrap();
+    for p in 0..128 {
+        space.write(a + p * P, &pattern(4, p)).unwrap();
+    }
+    let mut buf = vec![0u8; P as usize];
+    for p in 0..128 {
+        space.read(a + p * P, &mut buf).unwrap();
+        assert!(buf == pattern(4, p), "page {p} lost its contents");
+    }
+    let s = vm.stats();
+    assert_eq!((s.swap_write_errors, s.swap_bad_slots), (5, 5), "{s:?}");
+    assert!(s.pageouts > 0);
+}
+
+/// Problem 8: a `phys_bytes` that `validate` allows but the host cannot
+/// give aborted the process ("memory allocation failed" for the page
+/// descriptors), or with `prefault` got it killed by the OOM killer.
+#[test]
+fn a_machine_larger_than_the_host_is_an_error() {
+    // 2^32 - 2 frames: 256 GiB of page descriptors.
+    let huge = (u64::from(u32::MAX) - 2) * P;
+    let e = Vm::new(VmConfig { phys_bytes: huge, prefault: false, ..VmConfig::default() }).unwrap_err();
+    assert_eq!(e.errno(), libc::ENOMEM, "{e}");
+    assert!(e.to_string().contains("page descriptors"), "{e}");
+    // Prefaulted, twice what the host has.
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let kb = |name: &str| -> u64 {
+        let l = meminfo.lines().find(|l| l.starts_with(name)).unwrap();
+        l.split_whitespace().nth(1).unwrap().parse().unwrap()
+    };
+    let twice = ((kb("MemTotal:") + kb("SwapTotal:")) * 1024 * 2).min(huge) & !(P - 1);
+    let e = Vm::new(VmConfig { phys_bytes: twice, prefault: true, ..VmConfig::default() }).unwrap_err();
+    assert_eq!(e.errno(), libc::ENOMEM, "{e}");
+    assert!(e.to_string().contains("prefault"), "{e}");
 }

@@ -62,7 +62,7 @@ impl AddressSpace {
     /// (the parent is then unchanged).
     pub fn fork(&self) -> Result<AddressSpace> {
         let s = &self.s;
-        let child = AddressSpace::new(s.vm.clone())
+        let child = AddressSpace::new(self.vm.clone())
             .map_err(|_| Error::NoMemory { op: Op::Fork, what: "the child's page-table root" })?;
         s.vm.with_ctx(|ctx| {
             s.fork_into(ctx, &child)?;

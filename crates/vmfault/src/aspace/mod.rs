@@ -85,13 +85,16 @@ pub const MAX_MAP_COUNT: usize = 65530;
 #[derive(Debug, Clone)]
 pub struct AddressSpace {
     pub(crate) s: Arc<Space>,
+    /// The user's handle on the machine (the space itself holds only a
+    /// `Handle`, see there).
+    pub(crate) vm: Vm,
 }
 
 /// The shared state behind [`AddressSpace`] handles.
 #[derive(Debug)]
 pub(crate) struct Space {
     /// `[I]` the machine.
-    pub(crate) vm: Vm,
+    pub(crate) vm: crate::vm::Handle,
     /// `[M]` the map lock and the VMA index it protects.
     map: RwLock<VmaTree>,
     /// The page table (entries `[P]`, see `pmap`).
@@ -200,7 +203,7 @@ impl AddressSpace {
         let s = Arc::new_cyclic(|me: &std::sync::Weak<Space>| {
             let owner = backing.then(|| vma::Owner { space: me.clone(), id: me.as_ptr().addr() as u64 });
             Space {
-                vm: vm.clone(),
+                vm: vm.handle(),
                 map: RwLock::new(VmaTree::recorded(owner)),
                 pmap,
                 anon_lock: Mutex::new(()),
@@ -210,12 +213,12 @@ impl AddressSpace {
             }
         });
         vm.m.spaces.lock().unwrap_or_else(|p| p.into_inner()).insert(s.id(), Arc::downgrade(&s));
-        Ok(AddressSpace { s })
+        Ok(AddressSpace { s, vm })
     }
 
     /// The machine this space belongs to.
     pub fn vm(&self) -> &Vm {
-        &self.s.vm
+        &self.vm
     }
 
     /// The mappings, in address order, as `/proc/self/maps` lists them.

@@ -208,8 +208,15 @@ pub(crate) struct PvTable {
 
 impl PvTable {
     /// A table for `frames` frames.
-    pub(crate) fn new(frames: u32) -> PvTable {
-        PvTable { lists: (0..frames).map(|_| Mutex::new(Vec::new())).collect() }
+    pub(crate) fn new(frames: u32) -> Result<PvTable, crate::Error> {
+        let mut lists = Vec::new();
+        lists.try_reserve_exact(frames as usize).map_err(|_| crate::Error::HostMemory {
+            what: "the pv lists",
+            need: u64::from(frames) * std::mem::size_of::<Mutex<Vec<Pv>>>() as u64,
+            available: crate::phys::host_available().unwrap_or(0),
+        })?;
+        lists.extend((0..frames).map(|_| Mutex::new(Vec::new())));
+        Ok(PvTable { lists: lists.into_boxed_slice() })
     }
 
     fn list(&self, pfn: Pfn) -> MutexGuard<'_, Vec<Pv>> {

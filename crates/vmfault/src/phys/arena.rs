@@ -70,3 +70,34 @@ impl Drop for Arena {
         }
     }
 }
+
+/// Bytes of memory the host can still give this process: `MemAvailable`
+/// plus free swap (`/proc/meminfo`), capped by the cgroup's limit
+/// (`memory.max` less `memory.current`, cgroup v2) if it has one. `None`
+/// if neither can be read (then nothing is checked).
+pub(crate) fn host_available() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok();
+    let field = |name: &str| {
+        meminfo.as_deref()?.lines().find_map(|l| {
+            let rest = l.strip_prefix(name)?.strip_prefix(':')?;
+            rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok().map(|kb| kb * 1024)
+        })
+    };
+    let system = field("MemAvailable").map(|m| m + field("SwapFree").unwrap_or(0));
+    let cgroup = cgroup_room();
+    match (system, cgroup) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// What this process's cgroup (v2) still allows, if it has a limit.
+fn cgroup_room() -> Option<u64> {
+    let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let rel = own.lines().find_map(|l| l.strip_prefix("0::"))?;
+    let dir = std::path::Path::new("/sys/fs/cgroup").join(rel.trim_start_matches('/'));
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok();
+    let max = read("memory.max")?.trim().parse::<u64>().ok()?;
+    let current = read("memory.current").and_then(|c| c.trim().parse::<u64>().ok()).unwrap_or(0);
+    Some(max.saturating_sub(current))
+}

@@ -37,6 +37,7 @@ use std::sync::atomic::AtomicU64 as StdAtomicU64;
 use std::sync::atomic::Ordering;
 
 use arena::Arena;
+pub(crate) use arena::host_available;
 use freelist::FreeList;
 pub(crate) use page::{Kind, Page};
 pub(crate) use pcpu::{Frames, PcpConfig};
@@ -119,7 +120,14 @@ impl PhysMem {
         queues: bool,
     ) -> Result<PhysMem> {
         let arena = Arena::new(frames, prefault)?;
-        let pages: Box<[Page]> = (0..frames).map(|_| Page::new()).collect();
+        let mut pages = Vec::new();
+        pages.try_reserve_exact(frames as usize).map_err(|_| crate::Error::HostMemory {
+            what: "the page descriptors",
+            need: u64::from(frames) * std::mem::size_of::<Page>() as u64,
+            available: arena::host_available().unwrap_or(0),
+        })?;
+        pages.extend((0..frames).map(|_| Page::new()));
+        let pages = pages.into_boxed_slice();
         // A fresh anonymous mapping reads as zeros: frame 0 is already the zero page.
         pages[0].set_kind(Kind::Free, Kind::Zero);
         let free = FreeList::new(&pages, 1);

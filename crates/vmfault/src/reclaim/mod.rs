@@ -63,6 +63,8 @@ use crate::vm::Machine;
 pub(crate) struct Doorbell {
     /// `[a]` a wakeup is pending (set by allocators, cleared by the daemon).
     pending: AtomicBool,
+    /// `[a]` the machine is ending: the daemon returns (`Vm`'s `Life`).
+    stopping: AtomicBool,
     /// `[I]` whether a daemon listens (no daemon: ringing does nothing).
     enabled: AtomicBool,
     /// `[I]` whether it has swap (allocations then wait for it).
@@ -103,10 +105,17 @@ impl Doorbell {
         }
     }
 
+    /// The machine ends: wake the daemon for the last time.
+    pub(crate) fn stop(&self) {
+        self.stopping.store(true, Ordering::Release);
+        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.cond.notify_all();
+    }
+
     /// Wait for a ring, or `timeout`; whether one came.
     fn wait(&self, timeout: Duration) -> bool {
         let g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-        if !self.pending.load(Ordering::Acquire) {
+        if !self.pending.load(Ordering::Acquire) && !self.stopping.load(Ordering::Acquire) {
             drop(self.cond.wait_timeout(g, timeout).unwrap_or_else(|p| p.into_inner()));
         }
         self.pending.swap(false, Ordering::AcqRel)
@@ -147,8 +156,9 @@ fn spawn_reaper() -> Result<std::sync::mpsc::Sender<Grave>> {
         .map_err(|e| Error::Host { call: "spawn of the page daemon's reaper", errno: e.raw_os_error().unwrap_or(0) })
 }
 
-/// Start the page daemon of `m`, reading as `reader` (its own RCU reader).
-pub(crate) fn spawn_daemon(m: &Arc<Machine>, reader: RcuReader) -> Result<()> {
+/// Start the page daemon of `m`, reading as `reader` (its own RCU reader);
+/// it returns once [`Doorbell::stop`] is called (the caller joins it).
+pub(crate) fn spawn_daemon(m: &Arc<Machine>, reader: RcuReader) -> Result<std::thread::JoinHandle<()>> {
     let weak: Weak<Machine> = Arc::downgrade(m);
     let doorbell = Arc::clone(&m.phys.doorbell);
     doorbell.enabled.store(true, Ordering::Relaxed);
@@ -160,6 +170,9 @@ pub(crate) fn spawn_daemon(m: &Arc<Machine>, reader: RcuReader) -> Result<()> {
             loop {
                 // Sleep holding only the doorbell, so that the machine can go.
                 let rung = doorbell.wait(Duration::from_secs(1));
+                if doorbell.stopping.load(Ordering::Acquire) {
+                    return;
+                }
                 let Some(m) = weak.upgrade() else { return };
                 if rung {
                     doorbell.wakeups.fetch_add(1, Ordering::Relaxed);
@@ -174,7 +187,6 @@ pub(crate) fn spawn_daemon(m: &Arc<Machine>, reader: RcuReader) -> Result<()> {
                 }
             }
         })
-        .map(|_| ())
         .map_err(|e| Error::Host { call: "spawn of the page daemon", errno: e.raw_os_error().unwrap_or(0) })
 }
 

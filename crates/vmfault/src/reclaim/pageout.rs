@@ -171,7 +171,7 @@ pub(super) fn run(
         if let Err(e) = swap.write(slot, &buf) {
             tracing::warn!(target: "vmfault::reclaim", error = %e, slot, "swap write failed: the page stays resident");
             bell.write_errors.fetch_add(1, Ordering::Relaxed);
-            swap.free(slot);
+            swap.retire_bad(slot);
             give_up(m, pfn, &mut freed, &mut back);
             grave.push(Box::new(o));
             continue;

@@ -8,6 +8,16 @@
 //! on the page daemon's pageouts and on page-ins, both slow paths next to
 //! the 4 KiB of I/O they do.
 //!
+//! As Linux's `swapon` does, creation makes sure the file can hold what it
+//! promises: its blocks are allocated (`fallocate`: no holes, so no write
+//! can fail for lack of space later; `ENOSPC` at `Vm::new` instead), and
+//! a file another `Vm` (of this process or another) uses is refused with
+//! `EBUSY` (an exclusive `flock` held for the file's life). A file vmfault
+//! created is removed at the end, and when `Vm::new` fails after creating
+//! it. A slot whose write failed is taken out of use (`Slots::bad`), as
+//! a bad block is: the next pageout takes another one, and a failed slot
+//! is tried again only when no other is left.
+//!
 //! Tests inject write errors ([`crate::Vm::fail_swap_writes`]): the page
 //! daemon must then leave the page resident (`reclaim`).
 
@@ -31,12 +41,29 @@ pub(crate) struct Swap {
     path: PathBuf,
     /// `[I]` slots in the file.
     slots: u64,
-    /// Slots never used yet start at `.0`; freed ones wait in `.1`.
-    free: Mutex<(u64, Vec<u64>)>,
+    /// The slots: never used yet start at `next`, freed ones wait in
+    /// `free`, those whose write failed in `bad`.
+    free: Mutex<Slots>,
     /// `[a]` slots in use.
     used: AtomicU64,
     /// `[a]` writes still to fail (tests).
     fail_writes: AtomicU32,
+    /// `[a]` the path was removed (`unlink`): never remove it again (a new
+    /// `Vm` may have made a new file there).
+    unlinked: std::sync::atomic::AtomicBool,
+}
+
+/// The slot allocator's state (under `Swap::free`).
+#[derive(Debug, Default)]
+struct Slots {
+    /// Slots from here on were never used.
+    next: u64,
+    /// Freed slots, reused most recent first.
+    free: Vec<u64>,
+    /// Slots whose write failed: out of use while any other slot is to be
+    /// had, tried again (one by one) only when none is, so that a passing
+    /// error does not cost the swap for good.
+    bad: Vec<u64>,
 }
 
 fn host(call: &'static str, e: &std::io::Error) -> Error {
@@ -44,8 +71,9 @@ fn host(call: &'static str, e: &std::io::Error) -> Error {
 }
 
 impl Swap {
-    /// Create (or truncate) the file at `path`, or a new file of a unique
-    /// name if `path` is a directory, and size it to `bytes`.
+    /// Create (or take over and truncate) the file at `path`, or a new
+    /// file of a unique name if `path` is a directory; lock it for this
+    /// `Vm` alone and allocate `bytes` of it.
     pub(crate) fn create(path: &Path, bytes: u64) -> Result<Swap> {
         static SERIAL: AtomicU64 = AtomicU64::new(0);
         let path = if path.is_dir() {
@@ -54,45 +82,87 @@ impl Swap {
         } else {
             path.to_path_buf()
         };
-        let path = path.as_path();
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(path)
-            .map_err(|e| host("open of the swap file", &e))?;
+        let mut open = std::fs::OpenOptions::new();
+        open.read(true).write(true);
+        // Created here (then removed on failure), or an existing file.
+        let (file, created) = match open.clone().create_new(true).open(&path) {
+            Ok(f) => (f, true),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                (open.open(&path).map_err(|e| host("open of the swap file", &e))?, false)
+            }
+            Err(e) => return Err(host("open of the swap file", &e)),
+        };
         let slots = bytes / PAGE_SIZE;
-        file.set_len(slots * PAGE_SIZE).map_err(|e| host("ftruncate of the swap file", &e))?;
+        let sized = Self::claim(&file, &path, slots * PAGE_SIZE);
+        if let Err(e) = sized {
+            if created {
+                let _ = std::fs::remove_file(&path);
+            }
+            return Err(e);
+        }
         Ok(Swap {
             file,
-            path: path.to_path_buf(),
+            path,
             slots,
-            free: Mutex::new((0, Vec::new())),
+            free: Mutex::new(Slots::default()),
             used: AtomicU64::new(0),
             fail_writes: AtomicU32::new(0),
+            unlinked: Default::default(),
         })
     }
 
-    /// A free slot, if any.
+    /// Make `file` this `Vm`'s alone (`EBUSY` if another holds it), empty
+    /// it and allocate `len` bytes of blocks (`ENOSPC` if the filesystem
+    /// cannot hold them).
+    fn claim(file: &File, path: &Path, len: u64) -> Result<()> {
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(Error::InUse { what: "swap file", path: path.display().to_string() });
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(host("flock of the swap file", &e)),
+        }
+        file.set_len(0).map_err(|e| host("ftruncate of the swap file", &e))?;
+        if len > 0 {
+            rustix::fs::fallocate(file, rustix::fs::FallocateFlags::empty(), 0, len)
+                .map_err(|e| Error::Host { call: "fallocate of the swap file", errno: e.raw_os_error() })?;
+        }
+        Ok(())
+    }
+
+    /// A free slot, if any: a freed one, else one never used, else (the
+    /// last resort) one whose write failed.
     pub(crate) fn alloc(&self) -> Option<u64> {
         let mut f = self.free.lock().unwrap_or_else(|p| p.into_inner());
-        let slot = match f.1.pop() {
+        let slot = match f.free.pop() {
             Some(s) => s,
-            None if f.0 < self.slots => {
-                f.0 += 1;
-                f.0 - 1
+            None if f.next < self.slots => {
+                f.next += 1;
+                f.next - 1
             }
-            None => return None,
+            None => f.bad.pop()?,
         };
         self.used.fetch_add(1, Ordering::Relaxed);
         Some(slot)
     }
 
+    /// Take `slot`, whose write failed, out of use (see [`Slots::bad`]).
+    pub(crate) fn retire_bad(&self, slot: u64) {
+        assert!(slot < self.slots, "swap slot {slot} out of range (of {})", self.slots);
+        self.free.lock().unwrap_or_else(|p| p.into_inner()).bad.push(slot);
+        self.used.fetch_sub(1, Ordering::Relaxed);
+        tracing::warn!(target: "vmfault::reclaim", slot, "swap slot taken out of use after a failed write");
+    }
+
+    /// Slots out of use after failed writes (a snapshot).
+    pub(crate) fn bad_slots(&self) -> u64 {
+        self.free.lock().unwrap_or_else(|p| p.into_inner()).bad.len() as u64
+    }
+
     /// Give `slot` back.
     pub(crate) fn free(&self, slot: u64) {
-        debug_assert!(slot < self.slots, "slot {slot} out of range");
-        self.free.lock().unwrap_or_else(|p| p.into_inner()).1.push(slot);
+        assert!(slot < self.slots, "swap slot {slot} out of range (of {})", self.slots);
+        self.free.lock().unwrap_or_else(|p| p.into_inner()).free.push(slot);
         self.used.fetch_sub(1, Ordering::Relaxed);
     }
 
@@ -127,9 +197,20 @@ impl Swap {
     }
 }
 
+impl Swap {
+    /// Remove the file's name (once): the `Vm`'s last handle is gone, and
+    /// a new `Vm` may create a swap file there. The open file (and its
+    /// lock) stays until the swap itself goes.
+    pub(crate) fn unlink(&self) {
+        if !self.unlinked.swap(true, Ordering::AcqRel) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
 impl Drop for Swap {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        self.unlink();
     }
 }
 
