@@ -84,10 +84,11 @@ fn file_pages_evicted_under_a_fault_are_read_again() {
                     let mut mine = std::collections::HashMap::new();
                     while !stop.load(Ordering::Relaxed) {
                         let page = next(&mut x) % pages;
-                        let (base, own) = if next(&mut x) % 2 == 0 { (shared, true) } else { (private, false) };
+                        let (base, own) =
+                            if next(&mut x).is_multiple_of(2) { (shared, true) } else { (private, false) };
                         // Private copies stay few: they go to swap, which
                         // holds twice physical memory.
-                        if page % 2 == t && (own || page < 64) && next(&mut x) % 4 == 0 {
+                        if page % 2 == t && (own || page < 64) && next(&mut x).is_multiple_of(4) {
                             let v = next(&mut x) | 1;
                             space.write(base + page * P + 8, &v.to_le_bytes()).unwrap();
                             mine.insert((own, page), v);
@@ -231,7 +232,7 @@ fn shared_file_pages_survive_forks_and_pageout() {
                 panic!("{path:?}: {e}\n{:#?}", vm.stats());
             }
             last[p as usize] = i;
-            if i % 8 == 0 {
+            if i.is_multiple_of(8) {
                 space.msync(shared, PAGES * P).unwrap();
                 let q = next(&mut x) % PAGES;
                 reader.read_exact_at(&mut page, q * P).unwrap();

@@ -137,7 +137,7 @@ impl Radix {
         // Acquire pairs with the Release CAS that published the root (and
         // the old root in its slot 0, for a growth).
         let w = self.root.load(Ordering::Acquire);
-        (w != 0).then(|| (Pfn((w >> 12) as u32), (w & HEIGHT_MASK) as u32))
+        (w != 0).then_some((Pfn((w >> 12) as u32), (w & HEIGHT_MASK) as u32))
     }
 
     /// The leaf entry for `index`, if every level above it exists (none
