@@ -9,6 +9,7 @@
 #![deny(unsafe_code)]
 
 mod bench;
+mod check;
 mod plot;
 mod stat;
 mod table;
@@ -25,7 +26,7 @@ use vmfault_bench::Workload;
 #[command(
     name = "vmfault",
     version,
-    about = "A user-space multiprocessor VM subsystem: benchmarks, counters, live view"
+    about = "A user-space multiprocessor VM subsystem: benchmarks, counters, live view, differential check"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -40,6 +41,8 @@ enum Command {
     Stat(RunArgs),
     /// Run one workload on vmfault and watch the per-vCPU counters live, like `systat uvm`.
     Top(RunArgs),
+    /// Run random operation sequences on vmfault and on the host kernel; print the first divergence.
+    Check(check::CheckArgs),
 }
 
 /// Options shared by every subcommand that builds a `Vm`.
@@ -145,6 +148,7 @@ fn main() -> ExitCode {
         Command::Bench(a) => bench::run(a),
         Command::Stat(a) => stat::run(a),
         Command::Top(a) => top::run(a),
+        Command::Check(a) => check::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

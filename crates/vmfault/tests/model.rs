@@ -82,7 +82,7 @@ impl StateMachineTest for Sut {
 
     fn apply(mut sut: Sut, model: &Model, op: TOp) -> Sut {
         for (vm, space, _) in &sut.machines {
-            let got = run_vmfault(space, VM_BASE, &op);
+            let got = run_vmfault(space, VM_BASE, &op, None);
             assert_eq!(Some(&got), model.last.as_ref(), "fault_path={}: {op:?}", vm.config().fault_path.name());
         }
         sut.steps += 1;

@@ -64,7 +64,7 @@ fn stress(path: FaultPath) {
                     let mut model = Model::default();
                     for (i, op) in ops.iter().enumerate() {
                         model.apply(op);
-                        let got = run_vmfault(&space, base, op);
+                        let got = run_vmfault(&space, base, op, None);
                         assert_eq!(Some(&got), model.last.as_ref(), "thread {t} sequence {s} op {i}: {op:?}");
                         // Race on the shared region: store into our pages,
                         // load and fault in everybody's.

@@ -201,6 +201,7 @@ impl Model {
                 Outcome::Ok
             }
             TOp::Fork | TOp::Switch(_) | TOp::Exit => unreachable!("the model has one process: {op:?}"),
+            TOp::MmapFile { .. } | TOp::Msync { .. } => unreachable!("the model has no files: {op:?}"),
             TOp::Abs(a) => Outcome::Err(match a {
                 AbsOp::MunmapHugeLen | AbsOp::MunmapAboveTask => EINVAL,
                 AbsOp::MprotectAlignOverflow | AbsOp::MprotectWrapEnd => ENOMEM,

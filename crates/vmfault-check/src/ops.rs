@@ -5,12 +5,26 @@
 //! run at different absolute addresses here and in the host kernel.
 
 use proptest::prelude::*;
-use vmfault::{Access, AddressSpace, Advice, Error, MapFlags, Prot};
+use vmfault::{Access, AddressSpace, Advice, Error, MapFlags, MsyncFlags, Prot};
 
+/// A page.
 pub const P: u64 = 4096;
+/// Pages of the window the operations work in.
 pub const WINDOW_PAGES: u64 = 48;
+/// Bytes of the window.
 pub const W: u64 = WINDOW_PAGES * P;
+/// Bytes of the `PROT_NONE` guard on each side of the window.
 pub const GUARD: u64 = 16 * P;
+/// Whole pages of the sequences' file; then `FILE_TAIL` bytes of a last,
+/// partial page (bytes past it read as zeros; pages past it are SIGBUS).
+pub const FILE_PAGES: u64 = 40;
+/// Bytes of the file's last, partial page.
+pub const FILE_TAIL: u64 = 100;
+
+/// What the sequences' file holds at the start (a fresh copy per run).
+pub fn file_contents() -> Vec<u8> {
+    (0..FILE_PAGES * P + FILE_TAIL).map(|i| ((i * 7 + (i >> 12) * 13) as u8) | 0x80).collect()
+}
 /// Where the window starts in vmfault (any free, aligned range will do).
 pub const VM_BASE: u64 = 0x5000_0000_0000;
 /// The top of the user address space (x86-64, 4-level paging).
@@ -34,6 +48,7 @@ pub enum Place {
 /// Operations with absolute arguments that fail before changing anything,
 /// in the host as in vmfault (overflows, ranges beyond `TASK_SIZE`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(missing_docs)] // each names the call and what is out of range
 pub enum AbsOp {
     MunmapHugeLen,
     MunmapAboveTask,
@@ -48,7 +63,10 @@ pub enum AbsOp {
     MmapNoType,
 }
 
+/// One operation of a sequence; offsets are relative to the window, the
+/// other fields are the system call's arguments.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[allow(missing_docs)] // fields named as the system call's arguments
 pub enum TOp {
     Mmap {
         place: Place,
@@ -93,6 +111,22 @@ pub enum TOp {
         off: u64,
         len: u64,
     },
+    /// Map the sequences' file from page `fpage` (shared or private),
+    /// `MAP_FIXED` (or `MAP_FIXED_NOREPLACE`) at the window offset.
+    MmapFile {
+        place: Place,
+        off: u64,
+        len: u64,
+        prot: u32,
+        shared: bool,
+        fpage: u64,
+    },
+    /// `msync` with raw `MS_*` flags.
+    Msync {
+        off: u64,
+        len: u64,
+        flags: u32,
+    },
     Abs(AbsOp),
     /// The current process forks; the child gets the next process number
     /// (the first process is 0) and the parent stays current.
@@ -126,6 +160,7 @@ pub fn owners(ops: &[TOp]) -> Vec<u8> {
 
 /// What an operation produced, relative to the window.
 #[derive(Clone, PartialEq, Eq)]
+#[allow(missing_docs)] // offsets, codes and bytes as observed
 pub enum Outcome {
     Ok,
     /// mmap placed the mapping at this window offset.
@@ -138,6 +173,12 @@ pub enum Outcome {
     Segv {
         off: i64,
         code: i32,
+        data: Vec<u8>,
+    },
+    /// SIGBUS (a file page past the end of the file) at a window offset,
+    /// with the bytes read before it.
+    Bus {
+        off: i64,
         data: Vec<u8>,
     },
 }
@@ -165,6 +206,7 @@ impl std::fmt::Debug for Outcome {
             Outcome::Segv { off, code, data } => {
                 write!(f, "Segv {{ off: {off:#x}, code: {code}, data: {:?} }}", Bytes(data))
             }
+            Outcome::Bus { off, data } => write!(f, "Bus {{ off: {off:#x}, data: {:?} }}", Bytes(data)),
         }
     }
 }
@@ -172,6 +214,7 @@ impl std::fmt::Debug for Outcome {
 /// One mapping clipped to the window: offsets and `rwxs` bits.
 pub type MapEntry = (u64, u64, u8);
 
+/// The `rwxs` bits of a mapping, as one byte.
 pub fn perm_bits(r: bool, w: bool, x: bool, s: bool) -> u8 {
     u8::from(r) | u8::from(w) << 1 | u8::from(x) << 2 | u8::from(s) << 3
 }
@@ -228,13 +271,29 @@ fn unit(r: Result<(), Error>) -> Outcome {
 fn segv_or(e: Error, base: u64, data: Vec<u8>) -> Outcome {
     match e {
         Error::Segv { addr, code } => Outcome::Segv { off: addr as i64 - base as i64, code: code.si_code(), data },
+        Error::Bus { addr, .. } => Outcome::Bus { off: addr as i64 - base as i64, data },
         other => errno(other),
     }
 }
 
-/// Run `op` on vmfault with the window at `base`.
-pub fn run_vmfault(space: &AddressSpace, base: u64, op: &TOp) -> Outcome {
+/// Run `op` on vmfault with the window at `base`; `file` is the
+/// sequences' file (file operations need it).
+pub fn run_vmfault(space: &AddressSpace, base: u64, op: &TOp, file: Option<&std::fs::File>) -> Outcome {
     match *op {
+        TOp::MmapFile { place, off, len, prot, shared, fpage } => {
+            let file = file.expect("file operations need the sequences' file");
+            let mut fl = if shared { MapFlags::SHARED } else { MapFlags::PRIVATE };
+            fl |= if place == Place::NoReplace { MapFlags::FIXED_NOREPLACE } else { MapFlags::FIXED };
+            match space.mmap_file(base + off, len, Prot::from_bits_retain(prot), fl, file, fpage * P) {
+                Err(e) => errno(e),
+                Ok(a) if a == base + off => Outcome::Addr(off),
+                Ok(a) => {
+                    space.munmap(a, len).expect("unmapping a fresh mapping");
+                    Outcome::Elsewhere
+                }
+            }
+        }
+        TOp::Msync { off, len, flags } => unit(space.msync_flags(base + off, len, MsyncFlags::from_bits_retain(flags))),
         TOp::Mmap { place, off, len, prot, flags } => {
             let prot = Prot::from_bits_retain(prot);
             let mut fl = MapFlags::from_bits_retain(flags);
@@ -270,7 +329,7 @@ pub fn run_vmfault(space: &AddressSpace, base: u64, op: &TOp) -> Outcome {
                 Ok(()) => Outcome::Data(buf),
                 Err(e) => {
                     let keep = match e {
-                        Error::Segv { addr, .. } => (addr - (base + off)) as usize,
+                        Error::Segv { addr, .. } | Error::Bus { addr, .. } => (addr - (base + off)) as usize,
                         _ => 0,
                     };
                     buf.truncate(keep);
@@ -425,6 +484,44 @@ pub fn op() -> impl Strategy<Value = TOp> {
     ]
 }
 
+/// A file operation: a shared mapping of the sequences' file (its pages,
+/// some past its end), or an `msync` with any flags.
+///
+/// Private file mappings are not generated: vmfault gives one its shadow
+/// object at `mmap` where Linux gives it an anon_vma at the first write,
+/// so pieces of one that Linux keeps apart (written while their flags
+/// differed, e.g. one `mlock`ed) merge here again (a documented
+/// difference; `tests/file.rs` and the soak cover their contents).
+pub fn file_op() -> impl Strategy<Value = TOp> {
+    let place = prop_oneof![4 => Just(Place::Fixed), 1 => Just(Place::NoReplace)];
+    let map = (place, page_off()).prop_flat_map(|(place, off)| {
+        (Just(place), Just(off), len_from(off, 12), prot(), Just(true), 0..FILE_PAGES + 6)
+            .prop_map(|(place, off, len, prot, shared, fpage)| TOp::MmapFile { place, off, len, prot, shared, fpage })
+    });
+    let (a, i, y) = (libc::MS_ASYNC as u32, libc::MS_INVALIDATE as u32, libc::MS_SYNC as u32);
+    let flags = prop_oneof![8 => Just(y), 2 => Just(a), 1 => Just(y | i), 1 => Just(a | i), 1 => Just(a | y), 1 => Just(0), 1 => Just(8)];
+    let msync = page_off().prop_flat_map(move |off| {
+        (len_from(off, 16), flags.clone()).prop_map(move |(len, flags)| TOp::Msync { off, len, flags })
+    });
+    prop_oneof![3 => map, 2 => msync]
+}
+
+/// Give every file mapping its own distance between file page and window
+/// page, so that no two separately made private mappings of the file are
+/// adjacent with contiguous offsets: Linux merges those (no anon_vma
+/// yet), vmfault does not (each has its shadow object from `mmap` on; a
+/// documented difference).
+fn distinct_file_shifts(ops: &mut [TOp]) {
+    let mut seen = std::collections::HashSet::new();
+    for op in ops {
+        if let TOp::MmapFile { off, fpage, .. } = op {
+            while !seen.insert(*fpage as i64 - (*off / P) as i64) {
+                *fpage += 1;
+            }
+        }
+    }
+}
+
 /// A sequence: a mapping over most of the window first (so that loads and
 /// stores find memory), then `n` random operations.
 pub fn sequence(n: std::ops::RangeInclusive<usize>) -> impl Strategy<Value = Vec<TOp>> {
@@ -436,8 +533,10 @@ pub fn sequence(n: std::ops::RangeInclusive<usize>) -> impl Strategy<Value = Vec
             prot: (libc::PROT_READ | libc::PROT_WRITE) as u32,
             flags: ty | libc::MAP_ANONYMOUS as u32,
         });
-    (first, prop::collection::vec(op(), n)).prop_map(|(f, mut rest)| {
+    let any = prop_oneof![5 => op(), 1 => file_op()];
+    (first, prop::collection::vec(any, n)).prop_map(|(f, mut rest)| {
         rest.insert(0, f);
+        distinct_file_shifts(&mut rest);
         rest
     })
 }

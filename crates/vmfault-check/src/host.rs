@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use super::ops::*;
 
+/// Most operations in one sequence.
 pub const MAX_OPS: usize = 400;
 /// Longest load or store an op may do (the probe's buffer).
 pub const CHUNK: usize = 32 * 4096;
@@ -69,15 +70,32 @@ struct Shared {
 /// The probe area of the grandchild, for its signal handler.
 static PROBE: AtomicUsize = AtomicUsize::new(0);
 
-extern "C" fn on_fault(_sig: libc::c_int, info: *mut libc::siginfo_t, _uctx: *mut libc::c_void) {
+extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, _uctx: *mut libc::c_void) {
     // SAFETY: set before any access that can fault; the kernel passes a valid siginfo.
     unsafe {
         let p = PROBE.load(Ordering::Relaxed) as *mut Probe;
         ptr::write_volatile(&mut (*p).faulted, 1);
         ptr::write_volatile(&mut (*p).addr, (*info).si_addr() as u64);
-        ptr::write_volatile(&mut (*p).code, i64::from((*info).si_code));
+        // The signal above the code: SIGBUS's BUS_ADRERR and SIGSEGV's
+        // SEGV_ACCERR are both 2.
+        ptr::write_volatile(&mut (*p).code, i64::from((*info).si_code) | (i64::from(sig) << 16));
         libc::_exit(0);
     }
+}
+
+/// One store to `a` that changes nothing, as vmfault's `touch(Write)`:
+/// a locked `or` of zero is a single write access (a read followed by a
+/// write would fault as a read first: SIGBUS past the end of a file
+/// where the store itself is SIGSEGV on a read-only mapping).
+///
+/// # Safety
+/// `a` is an address of this process whose fault, if any, ends it.
+unsafe fn store_nothing(a: u64) {
+    // (Not `AtomicU8::fetch_or(0)`: the compiler turns an idempotent
+    // read-modify-write into a fenced load.)
+    // SAFETY: the caller's contract; a locked `or` of zero into one byte
+    // changes nothing, and a fault ends the process.
+    unsafe { std::arch::asm!("lock or byte ptr [{0}], 0", in(reg) a, options(nostack)) };
 }
 
 #[derive(Clone, Copy)]
@@ -130,10 +148,7 @@ unsafe fn probe(sh: *mut Shared, kind: Kind, addr: u64, len: usize, pat: *const 
                     Kind::TouchRead => {
                         let _ = ptr::read_volatile(a as *const u8);
                     }
-                    Kind::TouchWrite => {
-                        let v = ptr::read_volatile(a as *const u8);
-                        ptr::write_volatile(a as *mut u8, v);
-                    }
+                    Kind::TouchWrite => store_nothing(a),
                 }
                 compiler_fence(Ordering::SeqCst);
                 done += n;
@@ -176,11 +191,28 @@ unsafe fn push_data(sh: *mut Shared, src: *const u8, n: usize) -> (u64, u64) {
 /// # Safety
 /// `sh` is the shared region; runs in the forked child only (it changes the
 /// child's own mappings).
-unsafe fn exec(sh: *mut Shared, base: u64, op: &TOp) -> RawResult {
+unsafe fn exec(sh: *mut Shared, base: u64, op: &TOp, fd: i32) -> RawResult {
     // SAFETY: system calls on the child's window; loads and stores only
     // after a grandchild proved them safe.
     unsafe {
         match *op {
+            TOp::MmapFile { place, off, len, prot, shared, fpage } => {
+                let mut flags = if shared { libc::MAP_SHARED } else { libc::MAP_PRIVATE };
+                flags |= if place == Place::NoReplace { libc::MAP_FIXED_NOREPLACE } else { libc::MAP_FIXED };
+                let want = base + off;
+                let p = libc::mmap(want as *mut libc::c_void, len as usize, prot as i32, flags, fd, (fpage * P) as i64);
+                if p == libc::MAP_FAILED {
+                    RawResult { errno: errno(), ..res(K_ERR) }
+                } else if p as u64 == want {
+                    RawResult { off, ..res(K_ADDR) }
+                } else {
+                    libc::munmap(p, len as usize);
+                    res(K_ELSEWHERE)
+                }
+            }
+            TOp::Msync { off, len, flags } => {
+                unit(libc::msync((base + off) as *mut libc::c_void, len as usize, flags as i32))
+            }
             TOp::Mmap { place, off, len, prot, flags } => {
                 let (addr, flags) = match place {
                     Place::Fixed => (base + off, flags | libc::MAP_FIXED as u32),
@@ -240,8 +272,7 @@ unsafe fn exec(sh: *mut Shared, base: u64, op: &TOp) -> RawResult {
                 match probe(sh, kind, a, 1, ptr::null()) {
                     (_, None) => {
                         if write {
-                            let v = ptr::read_volatile(a as *const u8);
-                            ptr::write_volatile(a as *mut u8, v);
+                            store_nothing(a);
                         }
                         res(K_OK)
                     }
@@ -335,7 +366,7 @@ unsafe fn record_maps(sh: *mut Shared, base: u64) -> (u64, u64) {
 /// the process that runs op `i`, `fork_id[i]` the number a `Fork` at `i`
 /// gives its child (both computed before the fork: the child allocates
 /// nothing).
-unsafe fn child(sh: *mut Shared, ops: &[TOp], owner: &[u8], fork_id: &[u8]) -> ! {
+unsafe fn child(sh: *mut Shared, ops: &[TOp], owner: &[u8], fork_id: &[u8], fd: i32) -> ! {
     // SAFETY: the child owns its address space; see `exec`.
     unsafe {
         libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
@@ -398,7 +429,7 @@ unsafe fn child(sh: *mut Shared, ops: &[TOp], owner: &[u8], fork_id: &[u8]) -> !
                 }
                 TOp::Switch(_) => res(K_OK),
                 TOp::Exit => unit(libc::munmap(base as *mut libc::c_void, W as usize)),
-                ref op => exec(sh, base, op),
+                ref op => exec(sh, base, op, fd),
             };
             let (at, n) = record_maps(sh, base);
             r.maps_at = at;
@@ -419,8 +450,11 @@ unsafe fn child(sh: *mut Shared, ops: &[TOp], owner: &[u8], fork_id: &[u8]) -> !
     }
 }
 
-/// Run `ops` on the host kernel: each outcome, and the window's mappings after each op.
-pub fn run_host(ops: &[TOp]) -> Result<(Vec<Outcome>, Vec<Vec<MapEntry>>), String> {
+/// Run `ops` on the host kernel: each outcome, and the window's mappings
+/// after each op. File operations map `file` (open for reading and
+/// writing), which holds what they wrote once this returns.
+pub fn run_host(ops: &[TOp], file: Option<&std::fs::File>) -> Result<(Vec<Outcome>, Vec<Vec<MapEntry>>), String> {
+    let fd = file.map_or(-1, std::os::fd::AsRawFd::as_raw_fd);
     assert!(ops.len() <= MAX_OPS, "at most {MAX_OPS} ops per sequence");
     for op in ops {
         if let TOp::Read { len, .. } | TOp::Write { len, .. } = op {
@@ -456,7 +490,7 @@ pub fn run_host(ops: &[TOp]) -> Result<(Vec<Outcome>, Vec<Vec<MapEntry>>), Strin
     let pid = unsafe { libc::fork() };
     if pid == 0 {
         // SAFETY: `sh` is the shared mapping; `ops` was copied into the child by fork.
-        unsafe { child(sh, ops, &owner, &fork_id) }
+        unsafe { child(sh, ops, &owner, &fork_id, fd) }
     }
     assert!(pid > 0, "fork failed");
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -495,10 +529,11 @@ pub fn run_host(ops: &[TOp]) -> Result<(Vec<Outcome>, Vec<Vec<MapEntry>>), Strin
                 K_ELSEWHERE => Outcome::Elsewhere,
                 K_ERR => Outcome::Err(r.errno),
                 K_DATA => Outcome::Data(data()),
-                _ => {
-                    debug_assert_eq!(r.kind, K_SEGV);
-                    Outcome::Segv { off: r.segv_off, code: r.segv_code as i32, data: data() }
+                K_SEGV if r.segv_code >> 16 == i64::from(libc::SIGBUS) => {
+                    Outcome::Bus { off: r.segv_off, data: data() }
                 }
+                K_SEGV => Outcome::Segv { off: r.segv_off, code: (r.segv_code & 0xffff) as i32, data: data() },
+                k => return Err(format!("host child wrote a result of unknown kind {k}")),
             });
             maps.push(
                 shr.maps[r.maps_at as usize..(r.maps_at + r.maps_len) as usize]

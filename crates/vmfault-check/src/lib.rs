@@ -1,0 +1,259 @@
+//! Differential testing against the host kernel, shared by the test
+//! suite (`crates/vmfault/tests/differential.rs`) and `vmfault check`:
+//! random sequences of memory operations (`ops`) run with real system
+//! calls in a forked child of the host kernel (`host`) and on vmfault in
+//! each configuration; every result (addresses relative to a window,
+//! errnos, bytes read, SIGSEGV address and code), the window's layout
+//! after every operation, and the files' contents at the end must agree.
+
+pub mod host;
+pub mod ops;
+
+use ops::*;
+use vmfault::{AddressSpace, FaultPath, Rmap, Vm, VmConfig};
+
+/// Every fault path: the suites run in all of them.
+pub const FAULT_PATHS: [FaultPath; 3] = [FaultPath::MapLock, FaultPath::Speculative, FaultPath::VmaLock];
+
+/// One configuration a sequence runs in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Config {
+    /// The fault path.
+    pub path: FaultPath,
+    /// The reverse map.
+    pub rmap: Rmap,
+    /// A machine so small (112 frames) that the page daemon pages out to
+    /// swap (anonymous pages) and evicts file pages.
+    pub swap: bool,
+}
+
+impl std::fmt::Display for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "fault_path={} rmap={} swap={}", self.path.name(), self.rmap.name(), self.swap)
+    }
+}
+
+/// The configurations of the test suite: every fault path with backing
+/// records, the pv-entry reverse map on the speculative one (its
+/// bookkeeping runs on every fault and zap), and the small machine with
+/// swap on the speculative one.
+pub fn all_configs() -> Vec<Config> {
+    let mut v: Vec<Config> =
+        FAULT_PATHS.iter().map(|&path| Config { path, rmap: Rmap::Backing, swap: false }).collect();
+    v.push(Config { path: FaultPath::Speculative, rmap: Rmap::PvEntry, swap: false });
+    v.push(Config { path: FaultPath::Speculative, rmap: Rmap::Backing, swap: true });
+    v
+}
+
+/// The configurations for one fault path: with backing records, with
+/// swap, and (speculative only) with pv entries.
+pub fn configs_for(path: FaultPath) -> Vec<Config> {
+    let mut v =
+        vec![Config { path, rmap: Rmap::Backing, swap: false }, Config { path, rmap: Rmap::Backing, swap: true }];
+    if path == FaultPath::Speculative {
+        v.push(Config { path, rmap: Rmap::PvEntry, swap: false });
+    }
+    v
+}
+
+/// Run `ops` on the host kernel once and on vmfault in every configuration
+/// of [`all_configs`]; the first difference, as a readable message.
+pub fn check_against_host(ops: &[TOp]) -> Result<(), String> {
+    check_configs(ops, &all_configs())
+}
+
+/// Run `ops` on the host kernel once and on vmfault in each of `configs`;
+/// the first difference in a result, in the window's layout or in the
+/// file at the end, as a readable message. Also checks that unmapping
+/// everything gives every frame back, and dropping every space every swap
+/// slot and every piece of reverse-map metadata.
+pub fn check_configs(ops: &[TOp], configs: &[Config]) -> Result<(), String> {
+    let files = ops.iter().any(|op| matches!(op, TOp::MmapFile { .. }));
+    let host_file = files.then(|| ScratchFile::new("host"));
+    let (host, host_maps) = host::run_host(ops, host_file.as_ref().map(|f| &f.file))?;
+    let host_bytes = host_file.as_ref().map(|f| std::fs::read(&f.path).unwrap());
+    for &c in configs {
+        let file = files.then(|| ScratchFile::new("vmfault"));
+        check_path(ops, &host, &host_maps, c.path, c.rmap, c.swap, file.as_ref().map(|f| &f.file))
+            .map_err(|e| format!("{c}: {e}"))?;
+        if let (Some(f), Some(want)) = (&file, &host_bytes) {
+            let got = std::fs::read(&f.path).unwrap();
+            if &got != want {
+                let at = got.iter().zip(want).position(|(a, b)| a != b).unwrap_or(got.len().min(want.len()));
+                return Err(format!(
+                    "{c}: the file differs from the host's at the end, first at byte {at:#x} (page {}); sizes {} and {}\nsequence:\n{}",
+                    at / 4096,
+                    got.len(),
+                    want.len(),
+                    listing(ops, &host, ops.len())
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A copy of the sequences' file in the temporary directory, removed when
+/// dropped.
+struct ScratchFile {
+    path: std::path::PathBuf,
+    file: std::fs::File,
+}
+
+impl ScratchFile {
+    fn new(who: &str) -> ScratchFile {
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("vmfault-check-{who}-{}-{n}", std::process::id()));
+        std::fs::write(&path, file_contents()).unwrap();
+        let file = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+        ScratchFile { path, file }
+    }
+}
+
+impl Drop for ScratchFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// The first `n` ops with the host's outcomes, one a line.
+fn listing(ops: &[TOp], host: &[Outcome], n: usize) -> String {
+    let steps: Vec<String> = ops[..n.min(ops.len())]
+        .iter()
+        .enumerate()
+        .map(|(k, o)| format!("  {k:3}: {o:?} -> host {:?}", host.get(k)))
+        .collect();
+    steps.join("\n")
+}
+
+/// Pages the small machines of [`check_against_host`] paged out, in all.
+pub static PAGEOUTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// Sequences the small machine cut short when it ran out of page tables
+/// or index nodes (which are not reclaimable).
+pub static CUT_SHORT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+#[allow(clippy::too_many_arguments)]
+fn check_path(
+    ops: &[TOp],
+    host: &[Outcome],
+    host_maps: &[Vec<MapEntry>],
+    path: FaultPath,
+    rmap: Rmap,
+    swap: bool,
+    file: Option<&std::fs::File>,
+) -> Result<(), String> {
+    let config =
+        VmConfig { phys_bytes: 8 << 20, cpus: 1, prefault: false, fault_path: path, rmap, ..VmConfig::default() };
+    // 112 frames: the window's 48 pages in a few processes overflow it.
+    let config = match swap {
+        true => VmConfig {
+            phys_bytes: 112 * ops::P,
+            pcpu_pages: 4,
+            free_target: 24,
+            swap: Some(std::env::temp_dir()),
+            ..config
+        },
+        false => config,
+    };
+    let vm = Vm::new(config).unwrap();
+    let before_space = vm.stats().free_pages;
+    let first = vm.new_space().unwrap();
+    let initial_free = vm.stats().free_pages;
+    vmfault_guards(&first, VM_BASE);
+    // Processes: the spaces of `Fork`, `None` once exited.
+    let mut spaces = vec![Some(first)];
+    let mut cur = 0usize;
+    for (i, op) in ops.iter().enumerate() {
+        let live = |spaces: &[Option<AddressSpace>], cur: usize| {
+            spaces[cur].clone().expect("sequences never run ops in an exited process")
+        };
+        let got = match op {
+            TOp::Fork => match live(&spaces, cur).fork() {
+                Ok(child) => {
+                    spaces.push(Some(child));
+                    Outcome::Ok
+                }
+                Err(e) => Outcome::Err(e.errno()),
+            },
+            TOp::Switch(n) => {
+                cur = usize::from(*n);
+                Outcome::Ok
+            }
+            TOp::Exit => {
+                spaces[cur] = None;
+                Outcome::Ok
+            }
+            op => run_vmfault(&live(&spaces, cur), VM_BASE, op, file),
+        };
+        let maps = spaces[cur].as_ref().map_or_else(Vec::new, |s| vmfault_maps(s, VM_BASE));
+        let context = || listing(ops, host, i + 1);
+        // Page tables and object indexes are never reclaimed: the small
+        // machine may run out of them where the host does not (an index
+        // takes four frames, and they take most of the 112), and `mlock`
+        // then fails with EAGAIN as Linux's does when it cannot fault the
+        // range in. The rest of the sequence is skipped (the clean-up is
+        // still checked).
+        let short =
+            got == Outcome::Err(libc::ENOMEM) || (got == Outcome::Err(libc::EAGAIN) && matches!(op, TOp::Mlock { .. }));
+        if swap && short && host[i] != got {
+            CUT_SHORT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            break;
+        }
+        if got != host[i] {
+            return Err(format!("op {i}: vmfault {got:?}, host {:?}\nsequence:\n{}", host[i], context()));
+        }
+        if maps != host_maps[i] {
+            return Err(format!(
+                "layout after op {i}:\n vmfault {maps:x?}\n host    {:x?}\nsequence:\n{}",
+                host_maps[i],
+                context()
+            ));
+        }
+    }
+    // The small machine may lack an index node for a hole even here; the
+    // end of the spaces frees everything regardless (checked below).
+    let mut unmapped_all = true;
+    for space in spaces.iter().flatten() {
+        for m in space.mappings() {
+            match space.munmap(m.start, m.end - m.start) {
+                Err(e) if swap && e.errno() == libc::ENOMEM => unmapped_all = false,
+                r => r.unwrap(),
+            }
+        }
+    }
+    // A page daemon pass still running holds what it took: let it end.
+    let settle = |want: u64| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while swap && vm.stats().free_pages != want && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    };
+    // The page cache keeps a file's pages after its last mapping.
+    vm.drop_caches();
+    if spaces.len() == 1 && unmapped_all {
+        settle(initial_free);
+    }
+    let free = vm.stats().free_pages;
+    if spaces.len() == 1 && unmapped_all && free != initial_free {
+        return Err(format!("{} frames leaked after unmapping everything", initial_free as i64 - free as i64));
+    }
+    drop(spaces);
+    vm.drop_caches();
+    settle(before_space);
+    let st = vm.stats();
+    PAGEOUTS.fetch_add(st.pageouts, std::sync::atomic::Ordering::Relaxed);
+    if st.swap_used_pages != 0 {
+        return Err(format!("{} swap slots leaked after dropping every space", st.swap_used_pages));
+    }
+    if st.free_pages != before_space {
+        return Err(format!("{} frames leaked after dropping every space", before_space as i64 - st.free_pages as i64));
+    }
+    if (st.pv_entries, st.backing_records, st.rmap_bytes) != (0, 0, 0) {
+        return Err(format!(
+            "reverse map not empty after dropping every space: {} pv entries, {} backing records, {} bytes",
+            st.pv_entries, st.backing_records, st.rmap_bytes
+        ));
+    }
+    Ok(())
+}
