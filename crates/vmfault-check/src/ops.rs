@@ -271,7 +271,7 @@ fn unit(r: Result<(), Error>) -> Outcome {
 fn segv_or(e: Error, base: u64, data: Vec<u8>) -> Outcome {
     match e {
         Error::Segv { addr, code } => Outcome::Segv { off: addr as i64 - base as i64, code: code.si_code(), data },
-        Error::Bus { addr, .. } => Outcome::Bus { off: addr as i64 - base as i64, data },
+        Error::Bus { addr, .. } | Error::PageIo { addr, .. } => Outcome::Bus { off: addr as i64 - base as i64, data },
         other => errno(other),
     }
 }

@@ -301,6 +301,17 @@ pub enum Error {
         /// Bytes the host can give.
         available: u64,
     },
+    /// An access a real process would die of with SIGBUS (`EFAULT` when a
+    /// system call meets it): the page had to be read back from swap and
+    /// the read failed. The page stays in swap; a later access reads it
+    /// again.
+    #[error("bus error at {addr:#x}: reading the page back from swap failed: {}", std::io::Error::from_raw_os_error(*errno))]
+    PageIo {
+        /// The faulting address.
+        addr: u64,
+        /// The host's errno.
+        errno: i32,
+    },
     /// Every vCPU slot is attached to a thread (`EBUSY`).
     #[error("Vm::attach: all {cpus} vCPU slots are attached (raise VmConfig::cpus)")]
     NoCpu {
@@ -361,7 +372,7 @@ impl Error {
             Error::BadFile { .. } | Error::BadDescriptor { .. } => libc::EBADF,
             Error::Overflow { .. } => libc::EOVERFLOW,
             Error::NotSupported { .. } => libc::EOPNOTSUPP,
-            Error::Segv { .. } | Error::Bus { .. } => libc::EFAULT,
+            Error::Segv { .. } | Error::Bus { .. } | Error::PageIo { .. } => libc::EFAULT,
             Error::NoCpu { .. } | Error::AlreadyAttached { .. } | Error::Busy { .. } | Error::InUse { .. } => {
                 libc::EBUSY
             }

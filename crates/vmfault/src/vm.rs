@@ -357,6 +357,17 @@ impl Vm {
         }
     }
 
+    /// Fail the next `n` reads of the swap file with `EIO` (fault
+    /// injection): the access that needed the page gets [`Error::PageIo`]
+    /// (SIGBUS, as Linux's `do_swap_page` answers an I/O error) and the
+    /// page stays in swap, read again by the next access. No effect
+    /// without swap.
+    pub fn fail_swap_reads(&self, n: u32) {
+        if let Some(s) = &self.m.swap {
+            s.fail_reads(n);
+        }
+    }
+
     /// Statistics: gauges now, counters summed over all vCPU slots.
     pub fn stats(&self) -> Stats {
         let phys = &self.m.phys;

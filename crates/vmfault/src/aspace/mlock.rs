@@ -167,6 +167,10 @@ impl Space {
             fault::handle(ctx, self, op, addr, access, |_| {}).map_err(|e| match e {
                 Error::Segv { .. } => Error::Unpopulated { op, addr, cause: "the page cannot be accessed" },
                 Error::Bus { .. } => Error::Unpopulated { op, addr, cause: "the page lies beyond the end of its file" },
+                // Linux: the populate's EFAULT becomes ENOMEM.
+                Error::PageIo { .. } => {
+                    Error::Unpopulated { op, addr, cause: "reading the page back from swap failed" }
+                }
                 Error::NoMemory { .. } => Error::TryAgain { op, addr },
                 e => e,
             })?;

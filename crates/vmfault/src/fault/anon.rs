@@ -97,7 +97,10 @@ pub(super) fn resolve_stable(
         };
         match (found, file, object) {
             (_, Some(file), _) => file.fill(ctx, fault.op, fault.addr, pindex)?,
-            (Found::Swapped { depth }, _, Some(o)) => o.page_in(ctx, fault.op, pindex, depth)?,
+            (Found::Swapped { depth }, _, Some(o)) => o.page_in(ctx, fault.op, pindex, depth).map_err(|e| match e {
+                Error::Host { errno, .. } => Error::PageIo { addr: fault.addr, errno },
+                e => e,
+            })?,
             _ => break found,
         }
         // Held at the next lookup.

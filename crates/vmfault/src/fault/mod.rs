@@ -137,7 +137,7 @@ impl Abort {
 }
 
 fn count_bus(ctx: &Ctx<'_>, e: &Error) {
-    if matches!(e, Error::Bus { .. }) {
+    if matches!(e, Error::Bus { .. } | Error::PageIo { .. }) {
         ctx.count(Counter::sigbus);
     }
 }

@@ -48,6 +48,8 @@ pub(crate) struct Swap {
     used: AtomicU64,
     /// `[a]` writes still to fail (tests).
     fail_writes: AtomicU32,
+    /// `[a]` reads still to fail (tests).
+    fail_reads: AtomicU32,
     /// `[a]` the path was removed (`unlink`): never remove it again (a new
     /// `Vm` may have made a new file there).
     unlinked: std::sync::atomic::AtomicBool,
@@ -107,6 +109,7 @@ impl Swap {
             free: Mutex::new(Slots::default()),
             used: AtomicU64::new(0),
             fail_writes: AtomicU32::new(0),
+            fail_reads: AtomicU32::new(0),
             unlinked: Default::default(),
         })
     }
@@ -188,12 +191,21 @@ impl Swap {
 
     /// Read one page from `slot`.
     pub(crate) fn read(&self, slot: u64, page: &mut [u8]) -> Result<()> {
+        let injected = self.fail_reads.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1)).is_ok();
+        if injected {
+            return Err(Error::Host { call: "pread of the swap file (injected)", errno: libc::EIO });
+        }
         self.file.read_exact_at(page, slot * PAGE_SIZE).map_err(|e| host("pread of the swap file", &e))
     }
 
     /// Fail the next `n` writes with `EIO`.
     pub(crate) fn fail_writes(&self, n: u32) {
         self.fail_writes.store(n, Ordering::Relaxed);
+    }
+
+    /// Fail the next `n` reads with `EIO`.
+    pub(crate) fn fail_reads(&self, n: u32) {
+        self.fail_reads.store(n, Ordering::Relaxed);
     }
 }
 
