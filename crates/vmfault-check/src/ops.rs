@@ -523,8 +523,18 @@ fn distinct_file_shifts(ops: &mut [TOp]) {
 }
 
 /// A sequence: a mapping over most of the window first (so that loads and
-/// stores find memory), then `n` random operations.
+/// stores find memory), then `n` random operations, some of them on the
+/// sequences' file.
+pub fn file_sequence(n: std::ops::RangeInclusive<usize>) -> impl Strategy<Value = Vec<TOp>> {
+    with_files(n, true)
+}
+
+/// The same without file operations (the reference model has no files).
 pub fn sequence(n: std::ops::RangeInclusive<usize>) -> impl Strategy<Value = Vec<TOp>> {
+    with_files(n, false)
+}
+
+fn with_files(n: std::ops::RangeInclusive<usize>, files: bool) -> impl Strategy<Value = Vec<TOp>> {
     let first = (0..4u64, prop_oneof![3 => Just(libc::MAP_PRIVATE as u32), 1 => Just(libc::MAP_SHARED as u32)])
         .prop_map(|(o, ty)| TOp::Mmap {
             place: Place::Fixed,
@@ -533,7 +543,7 @@ pub fn sequence(n: std::ops::RangeInclusive<usize>) -> impl Strategy<Value = Vec
             prot: (libc::PROT_READ | libc::PROT_WRITE) as u32,
             flags: ty | libc::MAP_ANONYMOUS as u32,
         });
-    let any = prop_oneof![5 => op(), 1 => file_op()];
+    let any = if files { prop_oneof![5 => op(), 1 => file_op()].boxed() } else { op().boxed() };
     (first, prop::collection::vec(any, n)).prop_map(|(f, mut rest)| {
         rest.insert(0, f);
         distinct_file_shifts(&mut rest);
@@ -564,7 +574,7 @@ pub fn fork_sequence(n: std::ops::RangeInclusive<usize>) -> impl Strategy<Value 
         3 => any::<u8>().prop_map(Step::Switch),
         1 => Just(Step::Exit),
     ];
-    (sequence(n.clone()), prop::collection::vec(step, n)).prop_map(|(ops, steps)| {
+    (file_sequence(n.clone()), prop::collection::vec(step, n)).prop_map(|(ops, steps)| {
         let mut out = Vec::with_capacity(ops.len() * 2);
         let mut live = vec![0u8];
         let mut cur = 0u8;

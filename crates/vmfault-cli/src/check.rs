@@ -13,7 +13,7 @@ use std::time::Instant;
 use clap::Args;
 use proptest::strategy::Strategy;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
-use vmfault_check::ops::{TOp, fork_sequence, sequence};
+use vmfault_check::ops::{TOp, file_sequence, fork_sequence};
 
 #[derive(Args, Debug)]
 pub(crate) struct CheckArgs {
@@ -45,7 +45,7 @@ pub(crate) fn run(a: CheckArgs) -> Result<(), String> {
         chunk.copy_from_slice(&a.seed.wrapping_add(i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15).to_le_bytes());
     }
     // Half plain sequences, half with processes.
-    let strategy = proptest::prop_oneof![sequence(89..=89), fork_sequence(80..=80)];
+    let strategy = proptest::prop_oneof![file_sequence(89..=89), fork_sequence(80..=80)];
     let cases = a.ops.div_ceil(85).max(1);
     let config = Config {
         cases: u32::try_from(cases).map_err(|_| format!("--ops {}: too many", a.ops))?,

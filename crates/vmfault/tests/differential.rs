@@ -10,7 +10,7 @@
 mod common;
 
 use common::check_against_host;
-use common::ops::{fork_sequence, sequence};
+use common::ops::{file_sequence, fork_sequence};
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
 #[test]
@@ -18,7 +18,7 @@ fn differential_against_host_kernel() {
     let cases = std::env::var("VMFAULT_DIFF_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(100);
     let mut runner = TestRunner::new(Config { cases, failure_persistence: None, ..Config::default() });
     let ops = std::sync::atomic::AtomicUsize::new(0);
-    let result = runner.run(&sequence(99..=99), |seq| {
+    let result = runner.run(&file_sequence(99..=99), |seq| {
         ops.fetch_add(seq.len(), std::sync::atomic::Ordering::Relaxed);
         check_against_host(&seq).map_err(TestCaseError::fail)
     });

@@ -203,7 +203,11 @@ impl VmaTree {
         if let Some(w) = &self.owner {
             w.link(&vma);
         }
-        self.by_end.insert(vma.end, vma);
+        // A VMA displaced here would never be retired nor zapped, and its
+        // object could free pages its PTEs still map: a real check.
+        let (start, end) = (vma.start, vma.end);
+        let displaced = self.by_end.insert(vma.end, vma);
+        assert!(displaced.is_none(), "a VMA ending at {end:#x} was displaced by {start:#x}..{end:#x}");
     }
 
     /// Take the VMA ending at `end` out of the tree (forgetting its record).
@@ -265,7 +269,7 @@ impl VmaTree {
 
     /// Insert a VMA; it must not overlap any other.
     pub(crate) fn insert(&mut self, vma: Arc<Vma>) {
-        debug_assert!(!self.intersects(vma.start, vma.end), "overlapping VMA insert");
+        assert!(!self.intersects(vma.start, vma.end), "overlapping VMA insert {:#x}..{:#x}", vma.start, vma.end);
         self.put(vma);
     }
 

@@ -348,7 +348,7 @@ impl Object {
                     }
                 },
                 |pages| {
-                    let r = self.copy_out(fd, pages);
+                    let r = self.copy_out(fd, pages, integrity);
                     self.end_writeback(pages);
                     r
                 },
@@ -362,8 +362,13 @@ impl Object {
     }
 
     /// Write `pages` to the file, never past its end; on an error, those
-    /// not written are dirty again.
-    fn copy_out(&self, fd: &FileData, pages: &[(u64, Pfn)]) -> Result<u64> {
+    /// not written are dirty again. The page that straddles the end of the
+    /// file is written with its tail zeroed in memory (`zero_tail`: msync,
+    /// eviction; Linux's `writepage`), or left dirty and unwritten
+    /// (`munmap` and the end of a space, which Linux does not write back
+    /// at all: a later msync must still find it dirty, write it and zero
+    /// its tail). Returns the pages written.
+    fn copy_out(&self, fd: &FileData, pages: &[(u64, Pfn)], zero_tail: bool) -> Result<u64> {
         if pages.is_empty() {
             return Ok(0);
         }
@@ -378,6 +383,7 @@ impl Object {
         const RUN: usize = 256;
         let mut buf = Vec::with_capacity(RUN * PAGE_SIZE as usize);
         let mut n = 0;
+        let mut written_pages = pages.len() as u64;
         while n < pages.len() {
             let first = pages[n].0;
             let offset = first << PAGE_SHIFT;
@@ -385,7 +391,22 @@ impl Object {
                 n += 1;
                 continue;
             }
-            let run = pages[n..].iter().take(RUN).enumerate().take_while(|&(k, p)| p.0 == first + k as u64).count();
+            let mut run = pages[n..].iter().take(RUN).enumerate().take_while(|&(k, p)| p.0 == first + k as u64).count();
+            // The run's page that straddles the end of the file, if any.
+            let k = ((size - offset) >> PAGE_SHIFT) as usize;
+            let mut skipped = 0;
+            if !zero_tail && k < run && !size.is_multiple_of(PAGE_SIZE) {
+                // Left dirty for a later msync (see above); the pages
+                // after it lie wholly past the end.
+                self.redirty(&pages[n + k..n + k + 1]);
+                written_pages -= 1;
+                if k == 0 {
+                    n += 1;
+                    continue;
+                }
+                run = k;
+                skipped = 1;
+            }
             buf.clear();
             for &(_, pfn) in &pages[n..n + run] {
                 let at = buf.len();
@@ -393,6 +414,16 @@ impl Object {
                 self.m.phys.read_bytes(pfn, 0, &mut buf[at..]);
             }
             let len = (size - offset).min(buf.len() as u64) as usize;
+            if len < buf.len() && !len.is_multiple_of(PAGE_SIZE as usize) {
+                // The page that straddles the end of the file: its bytes
+                // past the end are zeroed in memory too, as Linux's
+                // `writepage` does on every write of such a page ("it may
+                // be mmapped"): stores there never reach the file, and a
+                // load after an msync reads zeros.
+                let (k, at) = (len / PAGE_SIZE as usize, len % PAGE_SIZE as usize);
+                let zeros = vec![0u8; PAGE_SIZE as usize - at];
+                self.m.phys.write_bytes(pages[n + k].1, at, &zeros);
+            }
             let written = match &*fd.writer.lock().unwrap_or_else(|p| p.into_inner()) {
                 Some(w) => w.write_all_at(&buf[..len], offset),
                 None => Err(std::io::Error::from_raw_os_error(libc::EBADF)),
@@ -401,9 +432,9 @@ impl Object {
                 self.redirty(&pages[n..]);
                 return Err(host("pwrite", &e));
             }
-            n += run;
+            n += run + skipped;
         }
-        Ok(pages.len() as u64)
+        Ok(written_pages)
     }
 
     /// The page daemon's half of reclaiming file page `pfn` at `pindex`
@@ -433,7 +464,7 @@ impl Object {
             if leaf.entry.compare_exchange(e, taken, AcqRel, Relaxed).is_err() {
                 return SwapOut::Lost;
             }
-            if let Err(err) = self.copy_out(fd, &[(pindex, pfn)]) {
+            if let Err(err) = self.copy_out(fd, &[(pindex, pfn)], true) {
                 tracing::warn!(target: "vmfault::reclaim", error = %err, pindex, "write-back of a file page failed: it stays");
                 self.end_writeback(&[(pindex, pfn)]);
                 return SwapOut::Lost;

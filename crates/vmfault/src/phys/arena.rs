@@ -19,6 +19,8 @@ pub(crate) struct Arena {
     base: NonNull<u8>,
     /// `[I]` length in bytes.
     len: usize,
+    /// `[I]` frames in it (`len / PAGE_SIZE`), for the bound check.
+    frames: u32,
 }
 
 // SAFETY: the arena is plain memory owned by this value; all concurrent access
@@ -48,15 +50,17 @@ impl Arena {
             libc::madvise(p, len, libc::MADV_DONTFORK);
             libc::madvise(p, len, libc::MADV_HUGEPAGE);
         }
-        Ok(Arena { base: NonNull::new(p.cast()).expect("mmap returned null"), len })
+        Ok(Arena { base: NonNull::new(p.cast()).expect("mmap returned null"), len, frames })
     }
 
     /// Address of frame `pfn`'s first byte.
     #[inline]
     pub(crate) fn frame_ptr(&self, pfn: u32) -> *mut u8 {
-        debug_assert!((pfn as usize) < self.len / PAGE_SIZE as usize);
-        // SAFETY: in bounds (callers pass valid frame numbers; checked above
-        // in debug builds), so the offset stays inside the mapping.
+        // A real check, in every build: this pointer is where safe code's
+        // frame numbers become memory (one compare, always predicted).
+        assert!(pfn < self.frames, "frame {pfn} out of range (the arena holds {})", self.frames);
+        // SAFETY: `pfn < frames` (checked above), so the offset stays
+        // inside the mapping.
         unsafe { self.base.as_ptr().add(pfn as usize * PAGE_SIZE as usize) }
     }
 }

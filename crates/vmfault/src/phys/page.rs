@@ -122,15 +122,17 @@ impl Page {
         Kind::from_u32(self.kind.load(Ordering::Relaxed))
     }
 
-    /// Move from `from` to `to`; debug builds check `from`.
+    /// Move from `from` to `to`, checking `from` in every build: a frame
+    /// published twice, or taken back while still published, would have
+    /// two owners (plain writes racing atomic ones).
     #[inline]
     pub(crate) fn set_kind(&self, from: Kind, to: Kind) {
-        if cfg!(debug_assertions) {
-            let old = self.kind.swap(to as u32, Ordering::Relaxed);
-            assert_eq!(Kind::from_u32(old), from, "bad page kind transition {from:?} -> {to:?}");
-        } else {
-            // Only the frame's owner changes its kind: a plain store suffices.
-            self.kind.store(to as u32, Ordering::Relaxed);
-        }
+        // Only the frame's owner changes its kind: load, check, store.
+        let old = Kind::from_u32(self.kind.load(Ordering::Relaxed));
+        // Release builds do not track Free on the free lists (`freelist`):
+        // a frame taken from one still says Free or Owned.
+        let ok = old == from || (from == Kind::Owned && old == Kind::Free && !cfg!(debug_assertions));
+        assert!(ok, "bad page kind transition {from:?} -> {to:?} (the frame is {old:?})");
+        self.kind.store(to as u32, Ordering::Relaxed);
     }
 }

@@ -95,6 +95,9 @@ struct Slot {
 pub struct Rcu {
     /// One slot per reader.
     slots: Box<[CachePadded<Slot>]>,
+    /// `[I]` unique among the process's `Rcu`s (readers and retired
+    /// objects name it).
+    id: usize,
     /// `[a]` grace periods started (incremented, SeqCst, when one starts).
     gp_started: CachePadded<AtomicU64>,
     /// `[a]` the highest grace period completed (Release, pairs with the
@@ -182,10 +185,18 @@ impl Rcu {
     pub fn new(readers: usize) -> (Rcu, Vec<RcuReader>) {
         let slots: Box<[CachePadded<Slot>]> =
             (0..readers).map(|_| CachePadded(Slot { count: AtomicU64::new(0), pin: AtomicU64::new(NO_PIN) })).collect();
-        let owner = slots.as_ptr() as usize;
+        // A unique id (not the slots' address, which a new Rcu may reuse
+        // once this one is dropped).
+        static NEXT_ID: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
+        let owner = NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let handles =
             (0..readers).map(|index| RcuReader { index, owner, nesting: Cell::new(0), pins: Cell::new(0) }).collect();
-        let rcu = Rcu { slots, gp_started: CachePadded(AtomicU64::new(0)), gp_done: CachePadded(AtomicU64::new(0)) };
+        let rcu = Rcu {
+            slots,
+            id: owner,
+            gp_started: CachePadded(AtomicU64::new(0)),
+            gp_done: CachePadded(AtomicU64::new(0)),
+        };
         (rcu, handles)
     }
 
@@ -202,7 +213,8 @@ impl Rcu {
             let c = &self.slots[reader.index].count;
             // Only this reader writes its counter, so load + store suffices.
             let v = c.load(Ordering::Relaxed);
-            debug_assert!(v & 1 == 0, "reader counter odd outside a section");
+            // Real: an odd counter would make this reader look quiescent.
+            assert!(v & 1 == 0, "reader counter odd outside a section");
             // Release, not Relaxed: a writer that saw the previous section's
             // odd value and now reads this one (having missed the even value
             // in between) must still synchronize with everything the previous
@@ -279,7 +291,7 @@ impl Rcu {
     /// with `wait`, first wait for one if any is still pending. Must not be
     /// called inside a read-side section when `wait` is set.
     pub fn reclaim<T>(&self, list: &mut Vec<Retired<T>>, wait: bool) -> Vec<T> {
-        debug_assert!(list.iter().all(|r| r.rcu == self.id()), "Retired of another Rcu");
+        assert!(list.iter().all(|r| r.rcu == self.id()), "Retired of another Rcu");
         if wait && list.iter().any(|r| !self.elapsed(r.cookie)) {
             self.synchronize();
         }
@@ -307,7 +319,8 @@ impl Rcu {
     #[inline]
     pub fn pin<'a>(&'a self, reader: &'a RcuReader, addr: u64) -> RcuPin<'a> {
         let slot = &self.slots[reader.index];
-        debug_assert_eq!(slot.pin.load(Ordering::Relaxed), NO_PIN, "a reader pins one page at a time");
+        // Real: a second pin would hide the first from `wait_unpinned`.
+        assert_eq!(slot.pin.load(Ordering::Relaxed), NO_PIN, "a reader pins one page at a time");
         let generation = reader.pins.get().wrapping_add(1);
         reader.pins.set(generation);
         let word = (addr & !PIN_GEN) | (generation & PIN_GEN);
@@ -356,7 +369,7 @@ impl Rcu {
 
     /// An identity for this `Rcu` (stable for its lifetime).
     pub fn id(&self) -> usize {
-        self.slots.as_ptr() as usize
+        self.id
     }
 
     /// Number of readers.

@@ -83,20 +83,22 @@ impl RefCount {
     /// reference. Only the frame's owner calls this.
     pub fn clear(&self) {
         let old = self.0.swap(0, Ordering::Relaxed);
-        debug_assert_eq!(old & WIRINGS, 0, "freeing a wired page ({old:#x})");
+        // Real checks from here on (on values the atomic already returned):
+        // a wrong count frees a page something still uses.
+        assert_eq!(old & WIRINGS, 0, "freeing a wired page ({old:#x})");
     }
 
     /// The page joins an object. Only its owner calls this, before the
     /// page is published.
     pub fn set_objref(&self) {
         let old = self.0.swap(OBJREF, Ordering::Relaxed);
-        debug_assert_eq!(old, 0, "a page joined an object with references");
+        assert_eq!(old, 0, "a page joined an object with references ({old:#x})");
     }
 
     /// Wire a page the caller holds busy or under its object's lock.
     pub fn wire(&self) {
         let old = self.0.fetch_add(1, Ordering::AcqRel);
-        debug_assert!(old & WIRINGS < WIRINGS, "wiring count overflow");
+        assert!(old & WIRINGS < WIRINGS, "wiring count overflow ({old:#x})");
     }
 
     /// Wire a page found through a PTE, under the PTE lock: fails while a
@@ -107,7 +109,9 @@ impl RefCount {
             if cur & BLOCKED != 0 && !cfg!(vmfault_mutation = "refcount_no_blocked_check") {
                 return false;
             }
-            debug_assert!(cur & WIRINGS < WIRINGS, "wiring count overflow");
+            // 2^30 wirings of one page (e.g. holds leaked with
+            // `mem::forget`) would carry into BLOCKED: refuse loudly.
+            assert!(cur & WIRINGS < WIRINGS - 1, "wiring count overflow ({cur:#x})");
             match self.0.compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Relaxed) {
                 Ok(_) => return true,
                 Err(now) => cur = now,
@@ -125,7 +129,7 @@ impl RefCount {
             if cur & (OBJREF | BLOCKED) != OBJREF {
                 return false;
             }
-            debug_assert!(cur & WIRINGS < WIRINGS, "wiring count overflow");
+            assert!(cur & WIRINGS < WIRINGS - 1, "wiring count overflow ({cur:#x})");
             match self.0.compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Relaxed) {
                 Ok(_) => return true,
                 Err(now) => cur = now,
@@ -138,7 +142,7 @@ impl RefCount {
     #[must_use = "the last reference frees the page"]
     pub fn unwire(&self) -> bool {
         let old = self.0.fetch_sub(1, Ordering::AcqRel);
-        debug_assert!(old & WIRINGS > 0, "unwiring a page that is not wired ({old:#x})");
+        assert!(old & WIRINGS > 0, "unwiring a page that is not wired ({old:#x})");
         old & !BLOCKED == 1
     }
 
@@ -147,7 +151,7 @@ impl RefCount {
     #[must_use = "without wirings the page is freed"]
     pub fn release_objref(&self) -> bool {
         let old = self.0.fetch_and(!OBJREF, Ordering::AcqRel);
-        debug_assert!(old & OBJREF != 0, "releasing the object reference of a page without one ({old:#x})");
+        assert!(old & OBJREF != 0, "releasing the object reference of a page without one ({old:#x})");
         old & WIRINGS == 0
     }
 
@@ -171,6 +175,7 @@ impl RefCount {
     /// Allow wirings again (the last step).
     pub fn unblock(&self) {
         let old = self.0.fetch_and(!BLOCKED, Ordering::AcqRel);
+        // Diagnostic only: clearing a clear bit changes nothing.
         debug_assert!(old & BLOCKED != 0, "unblocking a page that is not blocked");
     }
 
