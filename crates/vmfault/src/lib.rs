@@ -67,8 +67,11 @@
 //! object lock, but never a PTE lock or inside a section. The same holds
 //! for the drain mutex (one drain of every per-CPU cache at a time,
 //! `PhysMem::drain_pcpu`), held around a grace period and the free-list
-//! lock [F]. The daemon's doorbell mutex, the swap slot mutex and the
-//! shards of the anonymous object registry are leaves.
+//! lock [F]. The daemon's doorbell mutex, the swap slot mutex, the
+//! shards of the anonymous object registry and a file object's
+//! write-back mutex (`ended`: the `WRITEBACK` bits are cleared under it,
+//! and `msync` waits on it for pages another writer has under way, holding
+//! no other lock) are leaves.
 //!
 //! RCU read-side sections are not locks but obey one rule: nothing inside a
 //! section waits for a lock that anyone holds while calling `synchronize()`

@@ -38,6 +38,10 @@ impl Arena {
         if prefault {
             flags |= libc::MAP_POPULATE;
         }
+        if cfg!(miri) {
+            // Miri maps private anonymous memory only (and has no madvise).
+            flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+        }
         // SAFETY: a fresh anonymous mapping; no existing memory is affected.
         let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0) };
         if p == libc::MAP_FAILED {
@@ -46,6 +50,7 @@ impl Arena {
         }
         // SAFETY: `p..p+len` is the mapping just created. Advice is best
         // effort: failure only costs performance (HUGEPAGE) or fork time.
+        #[cfg(not(miri))]
         unsafe {
             libc::madvise(p, len, libc::MADV_DONTFORK);
             libc::madvise(p, len, libc::MADV_HUGEPAGE);
