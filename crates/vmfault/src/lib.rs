@@ -67,7 +67,7 @@
 //! object lock, but never a PTE lock or inside a section. The same holds
 //! for the drain mutex (one drain of every per-CPU cache at a time,
 //! `PhysMem::drain_pcpu`), held around a grace period and the free-list
-//! lock [F]. The daemon's doorbell mutex, the swap slot mutex, the
+//! lock `[F]`. The daemon's doorbell mutex, the swap slot mutex, the
 //! shards of the anonymous object registry and a file object's
 //! write-back mutex (`ended`: the `WRITEBACK` bits are cleared under it,
 //! and `msync` waits on it for pages another writer has under way, holding
@@ -103,9 +103,10 @@
 //!
 //! Linux x86-64 is the oracle: errors (and which check comes first),
 //! zero-fill, page rounding, splitting and merging of mappings, SIGSEGV
-//! codes. `tests/differential.rs` compares random operation sequences with
-//! the host kernel; unknown `MAP_*`/`PROT_*` bits are the one deliberate
-//! difference (`EINVAL` here, ignored by Linux's `mmap`). File mappings
+//! codes. `tests/differential.rs` (and `vmfault check`, for long runs)
+//! compares random operation sequences with the host kernel; unknown
+//! `MAP_*`/`PROT_*` bits are the one deliberate difference (`EINVAL` here,
+//! ignored by Linux's `mmap`; the README lists the known ones). File mappings
 //! (`tests/file.rs`) read the real file, write shared pages back on
 //! `msync`, `munmap` and the end of the mapping, and raise SIGBUS past the
 //! end of the file; their page cache is vmfault's own (see `object/file.rs`

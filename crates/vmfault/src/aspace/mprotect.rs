@@ -182,6 +182,8 @@ impl Space {
             }
             if (prot, flags) != (vma.prot, vma.flags) {
                 let old = map.carve(pos, stop);
+                // Holds: pos..stop lies in the one VMA found at pos, and VMAs
+                // never overlap (a real check in `VmaIndex::insert`).
                 debug_assert_eq!(old.len(), 1);
                 map.insert(Arc::new(old[0].slice(pos, stop, prot, flags)));
                 if prot != vma.prot {

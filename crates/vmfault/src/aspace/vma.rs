@@ -92,7 +92,7 @@ impl Vma {
         pgoff: u64,
         object: Option<Arc<Object>>,
     ) -> Vma {
-        debug_assert!(start < end);
+        assert!(start < end, "an empty or inverted VMA {start:#x}..{end:#x}");
         let cell = OnceLock::new();
         if let Some(o) = object {
             let _ = cell.set(o);
@@ -102,7 +102,12 @@ impl Vma {
 
     /// A copy of this VMA restricted to `start..end`, with `prot`/`flags`.
     pub(crate) fn slice(&self, start: u64, end: u64, prot: Prot, flags: VmaFlags) -> Vma {
-        debug_assert!(self.start <= start && end <= self.end && start < end);
+        assert!(
+            self.start <= start && end <= self.end && start < end,
+            "slice {start:#x}..{end:#x} of the VMA {:#x}..{:#x}",
+            self.start,
+            self.end
+        );
         let pgoff = self.pgoff + ((start - self.start) >> PAGE_SHIFT);
         Vma::new(start, end, prot, flags, pgoff, self.object.get().cloned())
     }
@@ -286,6 +291,7 @@ impl VmaTree {
     /// Replace `old` by `new` (same range), retiring `old`. Does not wait
     /// for its read-lockers: the caller does, before changing its PTEs.
     pub(crate) fn replace_no_wait(&mut self, old: &Vma, new: Arc<Vma>) -> Arc<Vma> {
+        // Holds: the one caller (fork) builds `new` from `old`'s range.
         debug_assert_eq!((old.start, old.end), (new.start, new.end));
         let old = self.remove(old);
         self.put(new);

@@ -361,6 +361,8 @@ pub(super) fn commit_locked(
     let keeps = cur.is_wired() && cur.pfn() == pfn;
     if keeps || (vma.flags.contains(VmaFlags::LOCKED) && pfn != phys.zero_pfn()) {
         if !keeps && !phys.wire_mapped(pfn, Some(&ctx.cpu.counters)) {
+            // Diagnostic: Retry is right whatever the page (a new one is in
+            // its object already; the retry finds it blocked and waits).
             debug_assert!(matches!(resolved, Resolved::Mapped | Resolved::Upgraded), "a new page was blocked");
             return Ok(Resolved::Retry);
         }

@@ -123,6 +123,7 @@ impl ObjRmap {
                 }
                 Some(_) => true,
                 None => {
+                    // Diagnostic: nothing to remove is the right outcome.
                     debug_assert!(false, "unlinking a backing record that was never linked: {key:?}");
                     return ((), 0);
                 }
@@ -237,6 +238,8 @@ impl PvTable {
                 *l = Vec::new();
             }
         } else {
+            // Diagnostic: a list that is a superset is safe (walkers check
+            // each PTE under its lock).
             debug_assert!(false, "no pv entry for {pv:?} on frame {}", pfn.0);
         }
     }

@@ -346,6 +346,8 @@ impl Absorbed {
     pub(crate) fn release(list: Vec<Absorbed>, rcu: &crate::sync::rcu::Rcu) {
         let (objects, mut olds): (Vec<_>, Vec<_>) = list.into_iter().map(|a| (a.object, a.old)).unzip();
         drop(rcu.reclaim(&mut olds, true));
+        // Holds by construction: after the wait every item of this Rcu
+        // has elapsed (leftovers would only leak).
         debug_assert!(olds.is_empty(), "a grace period has passed");
         for o in objects {
             o.index.for_each_present(&o.m.phys, 0, u64::MAX, |_, leaf| leaf.entry.store(0, Ordering::Relaxed));

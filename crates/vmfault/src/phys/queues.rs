@@ -132,6 +132,7 @@ impl PageQueues {
     /// Mark an owned frame, about to be published as a data page, as
     /// belonging to `queue` (before publication: see the module docs).
     pub(crate) fn mark(page: &Page, queue: Queue) {
+        // Diagnostic: a stale mark only mis-queues (see `unlink`).
         if cfg!(debug_assertions) {
             let old = page.queue.swap(queue as u32, Ordering::Relaxed);
             assert_eq!(old, 0, "a frame being published is on no queue");
@@ -308,6 +309,8 @@ impl Locked<'_> {
         let p = &pages[f as usize];
         let (prev, next) = (p.qprev.load(Ordering::Relaxed), p.qnext.load(Ordering::Relaxed));
         if prev == 0 {
+            // Diagnostic: a wrong link only mis-queues (indexes are
+            // bounds-checked, the daemon re-checks every page it takes).
             debug_assert_eq!(l.head, f, "frame {f} claims to head its queue");
             l.head = next;
         } else {

@@ -359,6 +359,8 @@ fn collect(phys: &PhysMem, node: Pfn, level: u32, out: &mut Vec<Pfn>, mut leaves
         if level == 0 {
             match leaves.as_deref_mut() {
                 Some(l) => l.push(e),
+                // Diagnostic: a live entry here would leak its page (no
+                // use after free: the node is freed after a grace period).
                 None => debug_assert!(false, "pruning a leaf node with live entry {e:#x}"),
             }
         } else {

@@ -225,6 +225,7 @@ impl Drop for Attachment {
     fn drop(&mut self) {
         // An Attachment must be returned through `CpuSet::detach`; reaching
         // here means its owner forgot to, which would leak the slot forever.
+        // Diagnostic: the slot then stays attached (leaked), never shared.
         debug_assert!(std::thread::panicking(), "Attachment dropped without CpuSet::detach");
     }
 }

@@ -102,6 +102,7 @@ impl<T> Extend<T> for Magazine<T> {
     fn extend<I: IntoIterator<Item = T>>(&mut self, iter: I) {
         for x in iter {
             let full = self.push(x).is_err();
+            // Holds: callers fill at most `room()`, which a drain only grows.
             debug_assert!(!full, "magazine overfilled");
         }
     }
