@@ -80,9 +80,12 @@ pub fn check_configs(ops: &[TOp], configs: &[Config]) -> Result<(), String> {
             let got = std::fs::read(&f.path).unwrap();
             if &got != want {
                 let at = got.iter().zip(want).position(|(a, b)| a != b).unwrap_or(got.len().min(want.len()));
+                let show = |b: &[u8]| b.iter().skip(at).take(16).map(|x| format!("{x:02x}")).collect::<String>();
                 return Err(format!(
-                    "{c}: the file differs from the host's at the end, first at byte {at:#x} (page {}); sizes {} and {}\nsequence:\n{}",
+                    "{c}: the file differs from the host's at the end, first at byte {at:#x} (page {}): vmfault {}, host {}; sizes {} and {}\nsequence:\n{}",
                     at / 4096,
+                    show(&got),
+                    show(want),
                     got.len(),
                     want.len(),
                     listing(ops, &host, ops.len())

@@ -117,6 +117,42 @@ impl Refcount {
     }
 }
 
+/// The order in which freed frames are handed out again.
+///
+/// - `Lifo`: a bulk free pushes frames in the order its caller collected
+///   them; the global list is a stack, so each cycle scrambles the order a
+///   little more and a run of allocations lands on frames scattered over
+///   the arena (zeroing a 4 KiB page costs 164 ns in address order and
+///   402 ns in random order on the project's 2-core machine).
+/// - `Ordered`: a bulk free (after `munmap`'s, a space's or an object's
+///   grace period, and the page daemon's) sorts its frames, so the next
+///   allocations run through them in ascending address order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum FrameOrder {
+    /// The stack order of the frees (the seed's behaviour).
+    Lifo,
+    /// Bulk frees sorted by address.
+    Ordered,
+}
+
+impl FrameOrder {
+    /// The knob value: `lifo` or `ordered`.
+    pub fn name(self) -> &'static str {
+        match self {
+            FrameOrder::Lifo => "lifo",
+            FrameOrder::Ordered => "ordered",
+        }
+    }
+
+    fn parse(v: &str) -> std::result::Result<FrameOrder, &'static str> {
+        match v.trim() {
+            "lifo" => Ok(FrameOrder::Lifo),
+            "ordered" => Ok(FrameOrder::Ordered),
+            _ => Err("expected lifo or ordered"),
+        }
+    }
+}
+
 /// The configuration of a [`Vm`](crate::Vm).
 ///
 /// ```
@@ -167,9 +203,11 @@ pub struct VmConfig {
     /// Free frames on the global list below which the page daemon runs;
     /// 0 means 1/32 of physical memory. Default 0.
     pub free_target: u64,
-    /// A swap file for anonymous pages, created (or truncated) at this
-    /// path by [`Vm::new`](crate::Vm::new), or created under a unique name
-    /// if the path is a directory, and removed when the `Vm` goes; the
+    /// A swap file for anonymous pages, created (or taken over and
+    /// emptied) at this path by [`Vm::new`](crate::Vm::new), or created
+    /// under a unique name if the path is a directory, its blocks
+    /// allocated (`ENOSPC` otherwise), locked against other `Vm`s
+    /// (`EBUSY`), and removed when the `Vm` goes; the
     /// page daemon pages out to it when memory runs low. With it the
     /// daemon also keeps page queues (aging by reference marks) and
     /// reclaims file pages, writing dirty ones back to their file. Needs
@@ -178,6 +216,10 @@ pub struct VmConfig {
     pub swap: Option<std::path::PathBuf>,
     /// Bytes of the swap file; 0 means twice `phys_bytes`. Default 0.
     pub swap_bytes: u64,
+    /// The order in which freed frames are reused (see [`FrameOrder`]).
+    /// Default `Ordered`: 1.19x and 1.55x page_fault1, 1.89x and 1.80x
+    /// pft at 1 and 2 vCPUs over `Lifo` on the project's 2-core machine.
+    pub frame_order: FrameOrder,
 }
 
 impl Default for VmConfig {
@@ -198,6 +240,7 @@ impl Default for VmConfig {
             free_target: 0,
             swap: None,
             swap_bytes: 0,
+            frame_order: FrameOrder::Ordered,
         }
     }
 }
@@ -234,6 +277,7 @@ impl VmConfig {
             "free_target" => self.free_target = parse_num(value)?,
             "swap" => self.swap = (!matches!(value.trim(), "" | "none")).then(|| value.trim().into()),
             "swap_bytes" => self.swap_bytes = parse_size(value)?,
+            "frame_order" => self.frame_order = FrameOrder::parse(value)?,
             "pcpu_drain_hz" => {
                 self.pcpu_drain_hz = u32::try_from(parse_num(value)?).map_err(|_| "too large for a u32")?
             }
@@ -260,6 +304,7 @@ impl VmConfig {
             ("free_target", self.free_target.to_string()),
             ("swap", self.swap.as_ref().map_or("none".into(), |p| p.display().to_string())),
             ("swap_bytes", self.swap_bytes.to_string()),
+            ("frame_order", self.frame_order.name().to_string()),
         ]
     }
 

@@ -253,6 +253,7 @@ impl Vm {
         if config.free_target > 0 {
             phys.set_free_target(config.free_target);
         }
+        phys.set_ordered(config.frame_order == crate::config::FrameOrder::Ordered);
         let mut readers = readers.into_iter();
         let cpus = CpuSet::new(config.cpus, |_| {
             let reader = readers.next().expect("one reader per slot");

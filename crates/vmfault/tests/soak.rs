@@ -330,6 +330,7 @@ fn soak(path: FaultPath, secs: f64, seed: u64) {
         }
     }
     if let Some(e) = failed {
+        eprintln!("{path:?}: a worker failed; machine: {:#?}", vm.stats());
         std::panic::resume_unwind(e);
     }
     let ops: u64 = progress.iter().map(|p| p.load(Ordering::Relaxed)).sum();

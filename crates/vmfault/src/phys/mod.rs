@@ -94,6 +94,8 @@ pub(crate) struct PhysMem {
     /// The page queues (`None` without swap: nothing to reclaim); see
     /// `queues`.
     pub(crate) queues: Option<PageQueues>,
+    /// `[I]` bulk frees sort their frames (`VmConfig::frame_order`).
+    ordered: bool,
 }
 
 impl std::fmt::Debug for PhysMem {
@@ -145,6 +147,7 @@ impl PhysMem {
             doorbell: Default::default(),
             free_target,
             queues: queues.then(|| PageQueues::new(rcu)),
+            ordered: false,
         })
     }
 
@@ -192,6 +195,24 @@ impl PhysMem {
     /// Free frames on the global list below which the page daemon runs.
     pub(crate) fn free_target(&self) -> u64 {
         self.free_target
+    }
+
+    /// Sort bulk frees by address (`VmConfig::frame_order = ordered`).
+    pub(crate) fn set_ordered(&mut self, ordered: bool) {
+        self.ordered = ordered;
+    }
+
+    /// `frames` in the order a bulk free gives them back: as they come, or
+    /// (ordered) by descending address, so that the free stack and the
+    /// magazines hand them out ascending, each allocation next to the
+    /// last one.
+    pub(crate) fn in_free_order<'f>(&self, frames: &'f [Pfn]) -> std::borrow::Cow<'f, [Pfn]> {
+        if !self.ordered || frames.is_sorted_by(|a, b| a >= b) {
+            return std::borrow::Cow::Borrowed(frames);
+        }
+        let mut v = frames.to_vec();
+        v.sort_unstable_by(|a, b| b.cmp(a));
+        std::borrow::Cow::Owned(v)
     }
 
     /// Override the free target (`VmConfig::free_target`).
@@ -276,6 +297,7 @@ impl PhysMem {
         }
         rcu.synchronize();
         self.leave_queues(frames);
+        let frames = self.in_free_order(frames);
         self.free.give(&self.pages, frames.iter().map(|&pfn| self.retire(pfn)));
     }
 
@@ -365,6 +387,26 @@ mod tests {
     use super::*;
 
     const NO_PCP: PcpConfig = PcpConfig { capacity: 0, fill: 0, drain: 0 };
+
+    #[test]
+    fn ordered_bulk_frees_come_back_in_ascending_order() {
+        for ordered in [false, true] {
+            let (rcu, _r) = Rcu::new(1);
+            let mut phys = PhysMem::new(64, false, &rcu, NO_PCP, false, false).unwrap();
+            phys.set_ordered(ordered);
+            let frames = Frames::global(&phys);
+            let mut got: Vec<Pfn> = (0..16).map(|_| phys.publish(frames.alloc().unwrap(), Kind::Data)).collect();
+            // Freed in a scrambled order, as munmap collects them.
+            got.sort_by_key(|p| (p.0 * 7) % 16);
+            phys.free_after_grace(&rcu, &got);
+            let again: Vec<u32> = (0..16).map(|_| frames.alloc().unwrap().pfn().0).collect();
+            let ascending = again.windows(2).all(|w| w[1] == w[0] + 1);
+            assert_eq!(ascending, ordered, "ordered={ordered}: {again:?}");
+            for p in again {
+                frames.free_owned(OwnedFrame(Pfn(p)));
+            }
+        }
+    }
 
     #[test]
     fn alloc_zero_publish_free() {

@@ -168,6 +168,8 @@ impl<'a> Frames<'a> {
         }
         cpu.rcu.synchronize();
         phys.leave_queues(frames);
+        let frames = phys.in_free_order(frames);
+        let frames = &frames[..];
         // The frames freed last were used last and are the warmest: they go
         // into the magazine (the very last on top); the colder rest goes to
         // the global list first, so its head is the next warmest.

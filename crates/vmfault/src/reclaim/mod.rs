@@ -19,9 +19,9 @@
 //!
 //! With swap, an allocation that finds no frame at all, on a vCPU outside
 //! any read-side section, waits for the daemon ([`Doorbell::wait_for`],
-//! from `Frames::alloc`) instead of failing, until a frame comes or a
-//! whole pass of the daemon freed nothing (then `ENOMEM`: only wired
-//! pages, page tables and indexes, or no swap slot, are left). So the
+//! from `Frames::alloc`) instead of failing, until a frame comes or
+//! eight passes of the daemon in a row freed nothing (then `ENOMEM`: only
+//! wired pages, page tables and indexes, or no swap slot, are left). So the
 //! daemon never blocks on a lock such a vCPU may hold: it takes no map
 //! lock (`aspace::rmap`) and only tries object locks (`object::swap`).
 //!
@@ -242,6 +242,13 @@ fn run_once(m: &Machine, reader: &RcuReader, bury: &mut dyn FnMut(&mut Grave)) {
     bell.pass_done(short && freed == 0 && m.phys.global_free_frames() == 0);
 }
 
+/// A waiting allocation gives up (`ENOMEM`) once this many passes that
+/// began after it freed nothing (Linux retries reclaim up to 16 times,
+/// `MAX_RECLAIM_RETRIES`): under heavy load a pass or two can find every
+/// candidate busy (being faulted in, written back, referenced) while
+/// memory is still there to reclaim.
+const FRUITLESS_PASSES: u64 = 8;
+
 /// Waits longer than this give up (a daemon that cannot run: `ENOMEM`).
 const MAX_WAIT: Duration = Duration::from_secs(30);
 
@@ -254,7 +261,8 @@ impl Doorbell {
     }
 
     /// Run `alloc` again each time the daemon ends a pass, until it gets a
-    /// frame, or a pass that began after this wait freed nothing, or
+    /// frame, or [`FRUITLESS_PASSES`] passes that began after this wait
+    /// freed nothing, or
     /// [`MAX_WAIT`] has passed. The caller is a vCPU outside any read-side
     /// section (the daemon waits for grace periods) that holds no PTE lock
     /// (the daemon takes those) and no object lock it could try.
@@ -268,7 +276,7 @@ impl Doorbell {
             if let Some(t) = alloc() {
                 return Some(t);
             }
-            if self.fruitless.load(Ordering::Acquire) >= start + 2 || Instant::now() > deadline {
+            if self.fruitless.load(Ordering::Acquire) >= start + FRUITLESS_PASSES || Instant::now() > deadline {
                 return None;
             }
         }
