@@ -10,6 +10,7 @@ use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
 use common::FAULT_PATHS;
+use common::files::SmallFs;
 use vmfault::{Error, FaultPath, MapFlags, Prot, Vm, VmConfig};
 
 const P: u64 = 4096;
@@ -17,41 +18,6 @@ const RW: Prot = Prot::READ.union(Prot::WRITE);
 
 fn pattern(tag: u64, page: u64) -> Vec<u8> {
     (0..P / 8).flat_map(|w| ((tag << 48) ^ (page << 20) ^ w ^ 0x0101_0101_0101_0101).to_le_bytes()).collect()
-}
-
-/// A tmpfs of `size` at a fresh directory, unmounted when dropped.
-struct SmallFs(std::path::PathBuf);
-
-impl SmallFs {
-    fn mount(size: &str) -> SmallFs {
-        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("vmfault-test-inject-{}-{n}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let ok = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "vmfault-test"])
-            .arg(&dir)
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(ok, "mounting a {size} tmpfs at {} needs root (CI runs as root)", dir.display());
-        SmallFs(dir)
-    }
-
-    fn resize(&self, size: &str) {
-        let ok = std::process::Command::new("mount")
-            .args(["-o", &format!("remount,size={size}")])
-            .arg(&self.0)
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(ok, "remount of {}", self.0.display());
-    }
-}
-
-impl Drop for SmallFs {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg(&self.0).status();
-        let _ = std::fs::remove_dir(&self.0);
-    }
 }
 
 /// A swap read that fails is SIGBUS for the access that needed the page

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::FAULT_PATHS;
-use common::files::TempFile;
+use common::files::{SmallFs, TempFile};
 use vmfault::{FaultPath, MapFlags, Prot, Vm, VmConfig};
 
 const P: u64 = 4096;
@@ -356,36 +356,6 @@ fn hold_beyond_the_address_space_is_a_segv() {
     }
 }
 
-/// A tmpfs of `size` mounted at a fresh directory, unmounted when dropped
-/// (`None` where this process may not mount: not root).
-struct SmallFs(std::path::PathBuf);
-
-impl SmallFs {
-    fn mount(size: &str) -> Option<SmallFs> {
-        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = N.fetch_add(1, Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("vmfault-test-smallfs-{}-{n}", std::process::id()));
-        std::fs::create_dir_all(&dir).ok()?;
-        let ok = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "vmfault-test"])
-            .arg(&dir)
-            .status()
-            .is_ok_and(|s| s.success());
-        if !ok {
-            let _ = std::fs::remove_dir(&dir);
-            return None;
-        }
-        Some(SmallFs(dir))
-    }
-}
-
-impl Drop for SmallFs {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg(&self.0).status();
-        let _ = std::fs::remove_dir(&self.0);
-    }
-}
-
 /// Problem 7: a swap file that cannot hold what it promises. Its size was
 /// set with `set_len` (a sparse file): 16 MiB of swap on a 1 MiB
 /// filesystem was accepted and every pageout past the first MiB failed.
@@ -395,9 +365,7 @@ impl Drop for SmallFs {
 /// as zeros), as `swapon` answers.
 #[test]
 fn swap_files_hold_what_they_promise_and_are_never_shared() {
-    let Some(fs) = SmallFs::mount("1m") else {
-        panic!("this test mounts a 1 MiB tmpfs and needs root (CI runs as root)");
-    };
+    let fs = SmallFs::mount("1m");
     let cfg = |bytes: u64, path: std::path::PathBuf| VmConfig {
         phys_bytes: 64 * P,
         cpus: 2,

@@ -221,3 +221,38 @@ pub fn host_mprotect_rw_errno(flags: MapFlags, file: &File) -> i32 {
     host_munmap(p, P);
     e
 }
+
+/// A tmpfs of `size` at a fresh directory, unmounted when dropped.
+pub struct SmallFs(pub std::path::PathBuf);
+
+impl SmallFs {
+    pub fn mount(size: &str) -> SmallFs {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("vmfault-test-inject-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "vmfault-test"])
+            .arg(&dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "mounting a {size} tmpfs at {} needs root (CI runs as root)", dir.display());
+        SmallFs(dir)
+    }
+
+    pub fn resize(&self, size: &str) {
+        let ok = std::process::Command::new("mount")
+            .args(["-o", &format!("remount,size={size}")])
+            .arg(&self.0)
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "remount of {}", self.0.display());
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
