@@ -22,7 +22,7 @@ pub struct Config {
     pub path: FaultPath,
     /// The reverse map.
     pub rmap: Rmap,
-    /// A machine so small (112 frames) that the page daemon pages out to
+    /// A machine so small (80 frames) that the page daemon pages out to
     /// swap (anonymous pages) and evicts file pages.
     pub swap: bool,
 }
@@ -151,10 +151,10 @@ fn check_path(
 ) -> Result<bool, String> {
     let config =
         VmConfig { phys_bytes: 8 << 20, cpus: 1, prefault: false, fault_path: path, rmap, ..VmConfig::default() };
-    // 112 frames: the window's 48 pages in a few processes overflow it.
+    // 80 frames: the window's 48 pages in two processes overflow it (object indexes cost a frame or two now, not four: 112 frames paged out too rarely).
     let config = match swap {
         true => VmConfig {
-            phys_bytes: 112 * ops::P,
+            phys_bytes: 80 * ops::P,
             pcpu_pages: 4,
             free_target: 24,
             swap: Some(std::env::temp_dir()),

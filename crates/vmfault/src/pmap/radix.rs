@@ -170,8 +170,11 @@ impl Radix {
             return Err(OutOfFrames);
         }
         let phys = frames.phys();
-        let mut added = self.grow(frames, height_for(index))?;
-        let (mut node, height) = self.top().expect("grown");
+        // The fast path: the tree is tall enough already (one load).
+        let (mut added, (mut node, height)) = match self.top() {
+            Some((root, height)) if index < span(height) => (0, (root, height)),
+            _ => (self.grow(frames, height_for(index))?, self.top().expect("grown")),
+        };
         for level in (1..height).rev() {
             let slot = &phys.words(node)[slot_at(index, level)];
             let mut e = slot.load(Ordering::Acquire);
