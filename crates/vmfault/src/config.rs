@@ -217,8 +217,10 @@ pub struct VmConfig {
     /// Bytes of the swap file; 0 means twice `phys_bytes`. Default 0.
     pub swap_bytes: u64,
     /// The order in which freed frames are reused (see [`FrameOrder`]).
-    /// Default `Ordered`: 1.19x and 1.55x page_fault1, 1.89x and 1.80x
-    /// pft at 1 and 2 vCPUs over `Lifo` on the project's 2-core machine.
+    /// Default `Lifo` for now: `Ordered` measured 1.19x and 1.55x
+    /// page_fault1, 1.89x and 1.80x pft at 1 and 2 vCPUs on the project's
+    /// 2-core machine, but a CI run with it as the default saw one rare
+    /// `fault_races` failure (vmalock) not yet understood.
     pub frame_order: FrameOrder,
 }
 
@@ -240,7 +242,7 @@ impl Default for VmConfig {
             free_target: 0,
             swap: None,
             swap_bytes: 0,
-            frame_order: FrameOrder::Ordered,
+            frame_order: FrameOrder::Lifo,
         }
     }
 }
