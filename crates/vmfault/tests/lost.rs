@@ -269,6 +269,74 @@ fn shared_file_pages_survive_forks_and_pageout() {
     }
 }
 
+/// A store racing `fork`: a vCPU that found the page's PTE writable
+/// before the fork narrowed it may still be copying its bytes in when
+/// another vCPU's copy-on-write fault copies the frame; the copy replaces
+/// the page, and the store is lost unless the fork's shootdown (a grace
+/// period) ends before any fault can copy. Fork released the map lock
+/// first and waited after; the store read back as an older value.
+///
+/// More storing vCPUs than cores (so that some are preempted between
+/// their translation and their store), each with its own slot in each of
+/// a few private pages, read back every store while another vCPU forks
+/// and drops the child in a loop.
+#[test]
+fn stores_racing_a_fork_are_not_lost() {
+    const PAGES: u64 = 4;
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let storers = 2 * cores + 1;
+    for path in FAULT_PATHS {
+        let vm = Vm::new(VmConfig {
+            phys_bytes: 8 << 20,
+            cpus: storers + 2,
+            prefault: false,
+            fault_path: path,
+            ..VmConfig::default()
+        })
+        .unwrap();
+        let space = vm.new_space().unwrap();
+        let a = space.mmap(0, PAGES * P, RW, MapFlags::PRIVATE | MapFlags::ANONYMOUS).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let forker = {
+            let (vm, space, stop) = (vm.clone(), space.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let _cpu = vm.attach().unwrap();
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    drop(space.fork().unwrap());
+                    n += 1;
+                }
+                n
+            })
+        };
+        let workers: Vec<_> = (0..storers as u64)
+            .map(|t| {
+                let (vm, space, stop) = (vm.clone(), space.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    let _cpu = vm.attach().unwrap();
+                    let mut x = t + 3;
+                    let mut i = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        i += 1;
+                        let slot = a + (next(&mut x) % PAGES) * P + 8 * t;
+                        space.write(slot, &i.to_le_bytes()).unwrap();
+                        let mut back = [0u8; 8];
+                        space.read(slot, &mut back).unwrap();
+                        let back = u64::from_le_bytes(back);
+                        assert_eq!(back, i, "{path:?}: vCPU {t} stored {i} and read back {back}: a store was lost");
+                    }
+                    i
+                })
+            })
+            .collect();
+        std::thread::sleep(stress_time());
+        stop.store(true, Ordering::Relaxed);
+        let stores: u64 = workers.into_iter().map(|w| w.join().unwrap()).sum();
+        let forks = forker.join().unwrap();
+        assert!(forks > 10 && stores > 1000, "{path:?}: {forks} forks, {stores} stores");
+    }
+}
+
 /// A sparse file of `size` bytes on a filesystem that holds files that
 /// large (tmpfs: `/dev/shm`), or `None` where there is none.
 fn huge_file(size: u64) -> Option<(std::path::PathBuf, std::fs::File)> {

@@ -21,8 +21,9 @@
 //! Everything happens under the parent's map lock held for writing: the
 //! parent's VMAs are replaced (retired: speculative faults on them abort,
 //! per-VMA-lock faults are waited for) before their PTEs are narrowed, and
-//! a grace period passes before `fork` returns, so that no store through an
-//! old writable PTE lands after it (the TLB shootdown).
+//! a grace period passes before the lock is released (the TLB shootdown),
+//! so that no store through an old writable PTE lands after a fault of
+//! another vCPU has copied the page it went to.
 
 #![deny(unsafe_code)]
 
@@ -153,13 +154,15 @@ impl Space {
                     });
                 }
             }
+            // Before any fault can copy a page narrowed here.
+            map.shootdown(ctx, narrowed);
             let mut cmap = child.s.map_write(ctx);
             for v in child_vmas {
                 cmap.insert(v);
             }
             replaced
         };
-        self.finish(ctx, narrowed, &frames, false);
+        self.finish(ctx, 0, &frames, false);
         Absorbed::release(absorbed, &m.rcu);
         drop(replaced);
         Ok(())

@@ -170,6 +170,22 @@ impl MapWrite<'_> {
         Some((lo, hi))
     }
 
+    /// The TLB shootdown for `narrowed` PTEs this operation narrowed (write
+    /// rights taken away): a grace period, waited for with the lock held,
+    /// as Linux flushes the TLB before `mmap_write_unlock`. Until it ends a
+    /// vCPU that found a PTE writable may still be storing through it; a
+    /// fault that copied the frame meanwhile (copy-on-write after `fork`)
+    /// would replace the page and lose the store. Every path's copy waits
+    /// for this lock: the classic one reads it, the lockless ones find the
+    /// new VMAs only in the snapshot published when it drops (their faults
+    /// on the retired VMAs abort).
+    pub(crate) fn shootdown(&self, ctx: &Ctx<'_>, narrowed: u64) {
+        if narrowed > 0 {
+            ctx.count(Counter::tlb_shootdowns);
+            self.space.vm.m.rcu.synchronize();
+        }
+    }
+
     /// Wait for faults holding the read lock of a VMA retired in `span`.
     fn wait_readers(&self, span: Option<(u64, u64)>) {
         if let Some((start, end)) = span

@@ -8,8 +8,10 @@
 //! the other (locked memory made writable gets its object in between).
 //!
 //! PTEs are narrowed at once (write or execute rights taken away, or
-//! cleared for `PROT_NONE`: the pages stay in their objects). Widening is
-//! lazy: the next fault upgrades the PTE.
+//! cleared for `PROT_NONE`: the pages stay in their objects), and their
+//! shootdown (a grace period) ends before the map lock is released
+//! (`MapWrite::shootdown`). Widening is lazy: the next fault upgrades the
+//! PTE.
 
 #![deny(unsafe_code)]
 
@@ -124,11 +126,15 @@ impl Space {
                 }
                 (prot, accounted_flags(v, prot))
             };
-            self.modify_range_locked(ctx, &mut map, op, addr..end, f, &mut changes)
+            let r = self.modify_range_locked(ctx, &mut map, op, addr..end, f, &mut changes);
+            // Like Linux's TLB flush, under the lock: no store through a
+            // PTE that was writable is still in flight once mprotect
+            // returns, nor once another change (a fork) can share the frame.
+            map.shootdown(ctx, changes.narrowed);
+            r
         };
-        // Like Linux's TLB flush: no store through a PTE that was writable
-        // is still in flight once mprotect returns.
-        self.finish(ctx, changes.narrowed, &[], false);
+        // The shootdown is done.
+        self.finish(ctx, 0, &[], false);
         drop(changes);
         // Linux's mprotect_fixup: locked private memory that becomes
         // writable is faulted in for writing now (copy-on-write broken, the
