@@ -183,6 +183,25 @@ pub enum Outcome {
     },
 }
 
+impl Outcome {
+    /// The bytes an access produced (read, or read before a signal).
+    pub fn data(&self) -> Option<&[u8]> {
+        match self {
+            Outcome::Data(d) | Outcome::Segv { data: d, .. } | Outcome::Bus { data: d, .. } => Some(d),
+            _ => None,
+        }
+    }
+
+    /// Where two outcomes' bytes first differ, and the run of differing
+    /// bytes from there (for a divergence report).
+    pub fn first_difference(&self, other: &Outcome) -> Option<(usize, usize)> {
+        let (a, b) = (self.data()?, other.data()?);
+        let at = a.iter().zip(b).position(|(x, y)| x != y)?;
+        let run = a[at..].iter().zip(&b[at..]).take_while(|(x, y)| x != y).count();
+        Some((at, run))
+    }
+}
+
 /// Bytes shown as length, a checksum and the non-zero runs, not in full.
 struct Bytes<'a>(&'a [u8]);
 
