@@ -80,6 +80,7 @@ fn counter_delta(before: &Option<Stats>, after: &Option<Stats>) -> BTreeMap<Stri
     // Per-vCPU counters, plus the machine-wide monotonic ones.
     let names = Counter::ALL.iter().map(|c| c.name()).chain([
         "global_lock_acquisitions",
+        "global_frames_moved",
         "pcp_remote_drains",
         "pcp_pages_drained",
         "pageouts",

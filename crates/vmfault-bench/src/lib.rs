@@ -10,7 +10,10 @@
 //! with each compared setting, and the host), rotating the order every
 //! round (A B H, B H A, H A B, ...), so that the machine's noise and the
 //! state one round leaves for the next hit all of them alike, and ratios
-//! can be taken round by round. No timing threshold lives here: it measures and reports.
+//! can be taken round by round. Every point starts from a fresh `Vm` per
+//! system, so that no figure depends on what ran before it (a free list
+//! another workload scrambled); the rows report the frame adjacency the
+//! point ran with. No timing threshold lives here: it measures and reports.
 //!
 //! ```
 //! use vmfault_bench::{Plan, Sizes, Workload, run};
@@ -113,7 +116,10 @@ pub type Settings = BTreeMap<String, String>;
 struct System {
     label: String,
     settings: BTreeMap<String, String>,
-    vm: Option<Vm>,
+    /// vmfault's configuration: every measured point builds a fresh `Vm`
+    /// from it, so that no point runs on what another left (a free list
+    /// scrambled by the last workload, caches, a grown index).
+    vm: Option<VmConfig>,
 }
 
 impl Plan {
@@ -181,8 +187,10 @@ pub fn run(plan: &Plan, observe: &mut dyn FnMut(Event)) -> Results {
     match plan.vm_configs() {
         Ok(cfgs) => {
             for (cfg, settings) in cfgs {
-                match Vm::new(cfg) {
-                    Ok(vm) => systems.push(System { label: label(&settings), settings, vm: Some(vm) }),
+                // Built once here to report a configuration the host cannot
+                // hold up front; each point builds its own.
+                match Vm::new(cfg.clone()) {
+                    Ok(_) => systems.push(System { label: label(&settings), settings, vm: Some(cfg) }),
                     Err(e) => observe(Event::Note(format!("{}: cannot build the Vm: {e}", label(&settings)))),
                 }
             }
@@ -234,6 +242,7 @@ pub fn run(plan: &Plan, observe: &mut dyn FnMut(Event)) -> Results {
     plan_info.insert("round_secs".to_string(), serde_json::json!(plan.round_secs));
     plan_info.insert("warmup_secs".to_string(), serde_json::json!(plan.warmup_secs));
     plan_info.insert("sizes".to_string(), serde_json::json!(plan.sizes));
+    plan_info.insert("fresh_vm_per_point".to_string(), serde_json::json!(true));
     let config = plan.base.knobs().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
     Results { machine, config, plan: plan_info, zero_fill_pages_per_sec, rows, comparisons }
 }
@@ -249,6 +258,15 @@ fn measure_point(
 ) -> Vec<Row> {
     let mut rounds: Vec<Vec<RoundResult>> = vec![Vec::new(); systems.len()];
     let mut errors: Vec<Option<String>> = vec![None; systems.len()];
+    // A fresh Vm per system for this point (warm-up and rounds).
+    let vms: Vec<Option<Vm>> = systems
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let cfg = s.vm.as_ref()?;
+            Vm::new(cfg.clone()).map_err(|e| errors[i] = Some(format!("cannot build the Vm: {e}"))).ok()
+        })
+        .collect();
     let passes = (0..usize::from(plan.warmup_secs > 0.0)).map(|_| true).chain((0..plan.rounds).map(|_| false));
     for (pass, warmup) in passes.enumerate() {
         // Rotate the order every pass, so that no system always runs right
@@ -268,7 +286,7 @@ fn measure_point(
                 continue;
             }
             let secs = if warmup { plan.warmup_secs } else { plan.round_secs };
-            let r = match &s.vm {
+            let r = match &vms[i] {
                 Some(vm) => {
                     let r = VmTarget::new(vm).and_then(|t| harness::round(w, &t, threads, secs, sizes));
                     // Untimed: the files a round mapped stay cached otherwise.

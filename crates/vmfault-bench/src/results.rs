@@ -112,6 +112,13 @@ pub struct Row {
     pub host_ratio: Option<Spread>,
     /// Counter per fault, e.g. `global_lock_acquisitions`, `map_lock_acquisitions`.
     pub per_fault: BTreeMap<String, f64>,
+    /// Counter per op (per cycle, loop or iteration of the workload), e.g.
+    /// `caller_grace_waits`, `global_lock_acquisitions`.
+    pub per_op: BTreeMap<String, f64>,
+    /// The share of frame allocations next to the vCPU's previous one
+    /// (vmfault rows; zeroing runs at memory speed over consecutive frames).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub frame_adjacency: Option<f64>,
     /// Raw counter totals over all rounds.
     pub counters: BTreeMap<String, u64>,
     /// Every round.
@@ -188,6 +195,15 @@ pub(crate) fn row(
     } else {
         BTreeMap::new()
     };
+    let ops: u64 = rounds.iter().map(|r| r.ops).sum();
+    let per_op = if ops > 0 {
+        counters.iter().map(|(k, &v)| (k.clone(), v as f64 / ops as f64)).collect()
+    } else {
+        BTreeMap::new()
+    };
+    let allocs = counters.get("frame_allocs").copied().unwrap_or(0);
+    let frame_adjacency =
+        (allocs > 0).then(|| counters.get("frames_adjacent").copied().unwrap_or(0) as f64 / allocs as f64);
     Row {
         workload,
         system: system.to_string(),
@@ -202,6 +218,8 @@ pub(crate) fn row(
         zero_fill_fraction: None,
         host_ratio: None,
         per_fault,
+        per_op,
+        frame_adjacency,
         counters,
         rounds,
         footprint_bytes: None,

@@ -38,6 +38,18 @@ fn system(r: &Row) -> String {
     if s.is_empty() { r.system.clone() } else { format!("{} {}", r.system, s.join(" ")) }
 }
 
+/// Three significant digits, however small (per-op counts of rare events).
+pub(crate) fn significant(v: f64) -> String {
+    if v == 0.0 || !v.is_finite() {
+        return format!("{v}");
+    }
+    if v >= 1000.0 {
+        return human(v);
+    }
+    let digits = (2 - v.abs().log10().floor() as i32).max(0) as usize;
+    format!("{v:.digits$}")
+}
+
 fn opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
     v.map_or_else(|| "-".into(), f)
 }
@@ -116,6 +128,7 @@ pub(crate) fn render(results: &Results, plan: &Plan) -> String {
             .collect();
         let _ = writeln!(out, "\nzero-fill limit over {} per thread, pages/s: {}", bytes(f), zf.join(", "));
     }
+    out.push_str(&per_op(results));
     out.push_str(&aborts(results));
     out.push_str(&shared64(results));
     out.push_str(&swap(results));
@@ -137,6 +150,34 @@ pub(crate) fn render(results: &Results, plan: &Plan) -> String {
         out.push_str(&columns(&lines));
     }
     out
+}
+
+/// Per op (a page_fault1 cycle, an mmap1 loop...): what each vmfault row
+/// cost in grace periods and shared structures, and the frame adjacency
+/// it ran with.
+fn per_op(results: &Results) -> String {
+    let rows: Vec<&Row> = results.rows.iter().filter(|r| r.system == "vmfault" && !r.per_op.is_empty()).collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    let keys = ["caller_grace_waits", "global_lock_acquisitions", "global_frames_moved", "map_lock_acquisitions"];
+    let mut lines = vec![["workload", "system", "thr", "adjacent"].map(String::from).to_vec()];
+    lines[0].extend(keys.iter().map(|k| k.to_string()));
+    for r in rows {
+        let mut l = vec![
+            r.workload.name().to_string(),
+            system(r),
+            r.threads.to_string(),
+            opt(r.frame_adjacency, |v| format!("{:.0}%", v * 100.0)),
+        ];
+        l.extend(keys.iter().map(|k| r.per_op.get(*k).map_or("-".into(), |v| significant(*v))));
+        lines.push(l);
+    }
+    format!(
+        "
+per op (all vCPUs; \"adjacent\": frame allocations next to the vCPU's previous one):\n{}",
+        columns(&lines)
+    )
 }
 
 /// Lockless faults that fell back to the map lock, per reason and per 1000
@@ -252,6 +293,14 @@ fn columns(lines: &[Vec<String>]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn significant_digits() {
+        assert_eq!(significant(0.0), "0");
+        assert_eq!(significant(0.000_123_4), "0.000123");
+        assert_eq!(significant(2.014), "2.01");
+        assert_eq!(significant(65_800.0), "65.8k");
+    }
 
     #[test]
     fn human_numbers() {

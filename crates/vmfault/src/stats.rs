@@ -124,6 +124,7 @@ stats! {
         data_pages: "frames holding data pages of VM objects",
         wired_pages: "data pages wired at least once (mlock, page holds): never reclaimed",
         global_lock_acquisitions: "acquisitions of the global free-list lock",
+        global_frames_moved: "frames taken from or given to the global free list (monotonic)",
         cpus_attached: "vCPU slots attached to a thread now",
         rmap_bytes: "bytes of reverse-map metadata (backing records and links, or pv entries)",
         backing_records: "backing records: mappings of object ranges (rmap=backing)",
@@ -143,6 +144,8 @@ stats! {
         vma_lock_fallbacks: "per-VMA-lock faults that fell back to the map lock",
         pcp_hit: "frame allocations served by the vCPU's own cache",
         pcp_miss: "frame allocations that refilled the vCPU's cache from the global list",
+        frame_allocs: "frames allocated by the vCPU (data, page-table and index frames)",
+        frames_adjacent: "frame allocations next to the vCPU's previous one (zeroing runs at memory speed over consecutive frames)",
         zero_fill: "faults that allocated and zeroed a new page",
         zero_page_maps: "read faults satisfied by mapping the shared zero page",
         page_maps: "faults that mapped a page already resident in its object",
@@ -166,6 +169,7 @@ stats! {
         pte_lock_contended: "PTE lock acquisitions that had to wait",
         pte_lock_try_failures: "PTE lock try-locks that failed",
         tlb_shootdowns: "grace periods waited for before reusing unmapped frames",
+        caller_grace_waits: "grace periods a vCPU waited for inside an operation (shootdowns, drains, reclaim of old snapshots)",
         mmap_calls: "mmap calls",
         munmap_calls: "munmap calls",
         mprotect_calls: "mprotect calls",
@@ -182,11 +186,25 @@ pub(crate) struct CounterSet {
     /// Inline, not on the heap: the set lives in its vCPU's padded slot, so
     /// no other vCPU's counters share its cache lines.
     values: [AtomicU64; Counter::COUNT],
+    /// The frame the vCPU allocated last (for `frames_adjacent`).
+    last_frame: AtomicU64,
 }
 
 impl CounterSet {
     pub(crate) fn new() -> CounterSet {
-        CounterSet { values: std::array::from_fn(|_| AtomicU64::new(0)) }
+        CounterSet { values: std::array::from_fn(|_| AtomicU64::new(0)), last_frame: AtomicU64::new(0) }
+    }
+
+    /// Count an allocation of frame `pfn`, and whether it is next to the
+    /// previous one. Only the slot's owner calls this.
+    #[inline]
+    pub(crate) fn note_frame(&self, pfn: u64) {
+        let last = self.last_frame.load(Ordering::Relaxed);
+        self.last_frame.store(pfn, Ordering::Relaxed);
+        self.inc(Counter::frame_allocs);
+        if pfn.abs_diff(last) == 1 {
+            self.inc(Counter::frames_adjacent);
+        }
     }
 
     /// Add `n` to counter `c`. Only the slot's owner calls this.

@@ -183,7 +183,13 @@ fn with_ctx<R>(m: &Machine, f: impl FnOnce(&Ctx<'_>) -> R) -> R {
     let index = claim.index();
     let (cpu, own) = claim.parts();
     let ctx = Ctx { m, cpu, own: &*own, index };
-    f(&ctx)
+    let r = f(&ctx);
+    // The grace periods this operation waited for on the caller's path.
+    let waits = crate::sync::rcu::take_thread_waits();
+    if waits > 0 {
+        ctx.count_n(Counter::caller_grace_waits, waits);
+    }
+    r
 }
 
 /// See [`Vm::_life`]: the end of the user's last handle. The machine's
@@ -381,6 +387,7 @@ impl Vm {
             pcp_remote_drains: drains,
             pcp_pages_drained: drained,
             global_lock_acquisitions: phys.lock_acquisitions(),
+            global_frames_moved: phys.global_frames_moved(),
             daemon_wakeups: phys.doorbell.wakeups.load(std::sync::atomic::Ordering::Relaxed),
             daemon_pages_drained: phys.doorbell.drained.load(std::sync::atomic::Ordering::Relaxed),
             reclaim_scans: phys.doorbell.scans.load(std::sync::atomic::Ordering::Relaxed),

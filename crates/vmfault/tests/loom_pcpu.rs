@@ -22,7 +22,7 @@ use vmfault::sync::rcu::Rcu;
 fn drain_races_owner_alloc_and_free_without_loss() {
     loom::model(|| {
         let (rcu, mut readers) = Rcu::new(2);
-        let cache = Arc::new(PerCpuCache::<u32>::new(&rcu, 4));
+        let cache = Arc::new(PerCpuCache::<u32>::new(&rcu, 4, 4));
         let rcu = Arc::new(rcu);
         let global = Arc::new(Mutex::new(Vec::<u32>::new()));
         let r0 = readers.remove(0);
@@ -61,7 +61,7 @@ fn drain_races_owner_alloc_and_free_without_loss() {
 fn owner_moves_to_the_spare_after_a_drain() {
     loom::model(|| {
         let (rcu, mut readers) = Rcu::new(2);
-        let cache = Arc::new(PerCpuCache::<u32>::new(&rcu, 2));
+        let cache = Arc::new(PerCpuCache::<u32>::new(&rcu, 2, 2));
         let rcu = Arc::new(rcu);
         let r0 = readers.remove(0);
         cache.local(&rcu, &r0, |m| m.push(1).unwrap());

@@ -26,6 +26,8 @@ pub(crate) struct FreeList {
     count: AtomicU64,
     /// `[F]` lock acquisitions so far (written under the lock, read lockless).
     acquisitions: AtomicU64,
+    /// `[F]` frames taken from and given to the list so far (likewise).
+    moved: AtomicU64,
 }
 
 /// Debug builds track the FREE/OWNED kind of every frame; release builds
@@ -47,6 +49,7 @@ impl FreeList {
             count: AtomicU64::new(stack.len() as u64),
             stack: Mutex::new(stack),
             acquisitions: AtomicU64::new(0),
+            moved: AtomicU64::new(0),
         }
     }
 
@@ -68,8 +71,7 @@ impl FreeList {
             mark(pages, pfn, Kind::Free, Kind::Owned);
         }
         out.extend(g.drain(start..));
-        let c = self.count.load(Ordering::Relaxed);
-        self.count.store(c - n as u64, Ordering::Relaxed);
+        self.counted(-(n as i64));
         n
     }
 
@@ -78,8 +80,7 @@ impl FreeList {
         let mut g = self.lock();
         let pfn = g.pop()?;
         mark(pages, pfn, Kind::Free, Kind::Owned);
-        let c = self.count.load(Ordering::Relaxed);
-        self.count.store(c - 1, Ordering::Relaxed);
+        self.counted(-1);
         Some(pfn)
     }
 
@@ -92,14 +93,28 @@ impl FreeList {
             mark(pages, pfn, Kind::Owned, Kind::Free);
             g.push(pfn);
         }
-        let n = (g.len() - before) as u64;
+        self.counted((g.len() - before) as i64);
+    }
+
+    /// Account for `n` frames given (positive) or taken (negative).
+    ///
+    /// # Preconditions
+    /// - The lock is held (the counts have no other writer).
+    fn counted(&self, n: i64) {
         let c = self.count.load(Ordering::Relaxed);
-        self.count.store(c + n, Ordering::Relaxed);
+        self.count.store(c.wrapping_add_signed(n), Ordering::Relaxed);
+        let m = self.moved.load(Ordering::Relaxed);
+        self.moved.store(m + n.unsigned_abs(), Ordering::Relaxed);
     }
 
     /// Free frames now (a snapshot).
     pub(crate) fn free_frames(&self) -> u64 {
         self.count.load(Ordering::Relaxed)
+    }
+
+    /// Frames taken from and given to the list so far (a snapshot).
+    pub(crate) fn moved(&self) -> u64 {
+        self.moved.load(Ordering::Relaxed)
     }
 
     /// Lock acquisitions so far (a snapshot).

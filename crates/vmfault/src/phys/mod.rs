@@ -133,7 +133,7 @@ impl PhysMem {
         // A fresh anonymous mapping reads as zeros: frame 0 is already the zero page.
         pages[0].set_kind(Kind::Free, Kind::Zero);
         let free = FreeList::new(&pages, 1);
-        let cache = (pcp.capacity > 0).then(|| PerCpuCache::new(rcu, pcp.capacity));
+        let cache = (pcp.capacity > 0).then(|| PerCpuCache::new(rcu, pcp.capacity, pcp.max));
         let page_locks = page_locks.then(wiring::PageLocks::new);
         let free_target = u64::from(frames) / 32;
         Ok(PhysMem {
@@ -170,6 +170,12 @@ impl PhysMem {
             self.free.give(&self.pages, drained);
         }
         n
+    }
+
+    /// Whether the global list holds fewer frames than the free target
+    /// (the page daemon's cue; per-CPU caches then stop growing).
+    pub(crate) fn short_of_frames(&self) -> bool {
+        self.free.free_frames() < self.free_target
     }
 
     /// Frames held in per-CPU caches (a snapshot).
@@ -228,6 +234,11 @@ impl PhysMem {
     /// Global free-list lock acquisitions so far.
     pub(crate) fn lock_acquisitions(&self) -> u64 {
         self.free.acquisitions()
+    }
+
+    /// Frames taken from and given to the global free list so far.
+    pub(crate) fn global_frames_moved(&self) -> u64 {
+        self.free.moved()
     }
 
     /// The descriptor of `pfn`.
@@ -386,7 +397,7 @@ impl PhysMem {
 mod tests {
     use super::*;
 
-    const NO_PCP: PcpConfig = PcpConfig { capacity: 0, fill: 0, drain: 0 };
+    const NO_PCP: PcpConfig = PcpConfig { capacity: 0, fill: 0, drain: 0, max: 0 };
 
     #[test]
     fn ordered_bulk_frees_come_back_in_ascending_order() {
@@ -458,7 +469,7 @@ mod tests {
     #[test]
     fn caches_fill_drain_and_give_everything_back() {
         let (rcu, readers) = Rcu::new(2);
-        let cfg = PcpConfig { capacity: 4, fill: 3, drain: 4 };
+        let cfg = PcpConfig { capacity: 4, fill: 3, drain: 4, max: 4 };
         let phys = PhysMem::new(16, false, &rcu, cfg, false, false).unwrap();
         let counters = crate::stats::CounterSet::new();
         let a = Frames::new(&phys, &rcu, &readers[0], &counters);

@@ -15,6 +15,11 @@
 //!   fails only when no frame is free anywhere. That needs a grace period,
 //!   so it happens only outside read-side sections; inside one, running
 //!   dry is ENOMEM.
+//! - With `pcpu_high = auto` a free that finds the magazine full raises its
+//!   high mark instead (a bulk free: to hold all of it), up to the vCPU's
+//!   share of memory, unless the global list is below the free target;
+//!   a drain puts the mark back. Freed frames are reused where they were
+//!   freed, and cross the global list only when memory runs short.
 //! - With `pcpu_pages = 0` there is no cache: allocation and freeing go
 //!   straight to the global list, behind one predictable branch.
 //!
@@ -34,6 +39,9 @@ pub(crate) struct PcpConfig {
     pub(crate) fill: usize,
     /// Frames returned to the global list when a magazine is full.
     pub(crate) drain: usize,
+    /// The most a magazine's high mark may grow to (`pcpu_high=auto`);
+    /// `capacity` keeps it fixed.
+    pub(crate) max: usize,
 }
 
 /// The calling vCPU's view of the allocator, for one operation.
@@ -93,6 +101,14 @@ impl<'a> Frames<'a> {
     /// every per-CPU cache and try again, then, with swap, wait for the
     /// page daemon (`reclaim`); neither inside a read-side section.
     pub(crate) fn alloc(&self) -> Option<OwnedFrame> {
+        let f = self.find_frame()?;
+        if let Some(cpu) = &self.cpu {
+            cpu.counters.note_frame(u64::from(f.0.0));
+        }
+        Some(f)
+    }
+
+    fn find_frame(&self) -> Option<OwnedFrame> {
         if let Some(p) = self.alloc_once() {
             return Some(OwnedFrame(Pfn(p)));
         }
@@ -146,6 +162,12 @@ impl<'a> Frames<'a> {
         };
         pcp.local(cpu.rcu, cpu.reader, |m| {
             if let Err(p) = m.push(f.0.0) {
+                if m.can_grow() && !phys.short_of_frames() {
+                    // pcpu_high=auto: the vCPU frees more than it keeps.
+                    m.grow(2 * m.capacity());
+                    let _ = m.push(p);
+                    return;
+                }
                 let n = phys.pcp_config.drain.min(m.len());
                 phys.free.give(&phys.pages, m.take_oldest(n));
                 let _ = m.push(p);
@@ -173,7 +195,15 @@ impl<'a> Frames<'a> {
         // The frames freed last were used last and are the warmest: they go
         // into the magazine (the very last on top); the colder rest goes to
         // the global list first, so its head is the next warmest.
-        let room = pcp.local(cpu.rcu, cpu.reader, |m| m.room()).min(frames.len());
+        let room = pcp
+            .local(cpu.rcu, cpu.reader, |m| {
+                // pcpu_high=auto: keep them all here, memory allowing.
+                if m.can_grow() && !phys.short_of_frames() {
+                    m.grow(m.len() + frames.len());
+                }
+                m.room()
+            })
+            .min(frames.len());
         let (cold, warm) = frames.split_at(frames.len() - room);
         phys.free.give(&phys.pages, cold.iter().map(|&p| phys.retire(p)));
         pcp.local(cpu.rcu, cpu.reader, |m| m.extend(warm.iter().map(|&p| phys.retire(p))));

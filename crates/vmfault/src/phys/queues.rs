@@ -107,7 +107,7 @@ impl PageQueues {
     pub(crate) fn new(rcu: &Rcu) -> PageQueues {
         PageQueues {
             lists: Mutex::new([List::default(); 2]),
-            batches: PerCpuCache::new(rcu, BATCH),
+            batches: PerCpuCache::new(rcu, BATCH, BATCH),
             acquisitions: AtomicU64::new(0),
             lens: [AtomicU64::new(0), AtomicU64::new(0)],
         }

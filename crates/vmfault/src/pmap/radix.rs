@@ -378,7 +378,7 @@ mod tests {
     use super::*;
     use crate::phys::PcpConfig;
 
-    const NO_PCP: PcpConfig = PcpConfig { capacity: 0, fill: 0, drain: 0 };
+    const NO_PCP: PcpConfig = PcpConfig { capacity: 0, fill: 0, drain: 0, max: 0 };
 
     #[test]
     fn leaves_are_allocated_and_found() {

@@ -171,9 +171,15 @@ mod tests {
     #[test]
     fn install_translate_protect_zap_prune() {
         let (rcu, _r) = Rcu::new(1);
-        let phys =
-            PhysMem::new(64, false, &rcu, crate::phys::PcpConfig { capacity: 0, fill: 0, drain: 0 }, false, false)
-                .unwrap();
+        let phys = PhysMem::new(
+            64,
+            false,
+            &rcu,
+            crate::phys::PcpConfig { capacity: 0, fill: 0, drain: 0, max: 0 },
+            false,
+            false,
+        )
+        .unwrap();
         let frames = Frames::global(&phys);
         let mut pmap = Pmap::new(&frames).unwrap();
         let addr = 0x7f00_0000_3000;

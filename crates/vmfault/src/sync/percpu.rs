@@ -38,18 +38,37 @@ use super::rcu::{Rcu, RcuReader};
 use super::{CachePadded, Mutex};
 
 /// A vCPU's stack of cached items, newest on top.
+///
+/// It holds up to its high mark (`capacity`), which its owner may raise up
+/// to `max` ([`grow`](Magazine::grow)); a drain puts it back at the
+/// cache's base. The storage for `max` items is reserved up front, so
+/// neither ever allocates.
 #[derive(Debug)]
 pub struct Magazine<T> {
     items: Vec<T>,
     cap: usize,
+    max: usize,
 }
 
 impl<T> Magazine<T> {
-    fn new(cap: usize) -> Self {
+    fn new(cap: usize, max: usize) -> Self {
+        let max = max.max(cap);
         // 128 bytes of slack after the items: two vCPUs' magazines, which the
         // allocator may place back to back, never share a cache line.
         let slack = 128usize.div_ceil(std::mem::size_of::<T>().max(1));
-        Magazine { items: Vec::with_capacity(cap + slack), cap }
+        Magazine { items: Vec::with_capacity(max + slack), cap, max }
+    }
+
+    /// Raise the high mark to `want` (at most `max`); never lowers it.
+    /// Returns the new mark.
+    pub fn grow(&mut self, want: usize) -> usize {
+        self.cap = self.cap.max(want.min(self.max));
+        self.cap
+    }
+
+    /// Whether the high mark can grow.
+    pub fn can_grow(&self) -> bool {
+        self.cap < self.max
     }
 
     /// Items held.
@@ -131,6 +150,8 @@ struct CpuSlot {
 
 /// One magazine (plus a spare) per vCPU slot. See the module docs.
 pub struct PerCpuCache<T> {
+    /// `[I]` the magazines' high mark after a drain.
+    base: usize,
     /// `[I]` identity of the `Rcu` whose readers own the slots.
     rcu_id: usize,
     /// `[I]` per-slot state (fields carry their own tags).
@@ -160,8 +181,9 @@ impl<T> std::fmt::Debug for PerCpuCache<T> {
 }
 
 impl<T> PerCpuCache<T> {
-    /// One magazine of `capacity` items for each reader of `rcu`.
-    pub fn new(rcu: &Rcu, capacity: usize) -> Self {
+    /// One magazine of `capacity` items for each reader of `rcu`, whose
+    /// owners may raise it up to `max` (a drain lowers it again).
+    pub fn new(rcu: &Rcu, capacity: usize, max: usize) -> Self {
         let n = rcu.readers();
         let cpus = (0..n)
             .map(|i| {
@@ -173,9 +195,10 @@ impl<T> PerCpuCache<T> {
             })
             .collect();
         let mags = (0..2 * n)
-            .map(|_| MagSlot { cell: UnsafeCell::new(Magazine::new(capacity)), len: AtomicU32::new(0) })
+            .map(|_| MagSlot { cell: UnsafeCell::new(Magazine::new(capacity, max)), len: AtomicU32::new(0) })
             .collect();
         PerCpuCache {
+            base: capacity,
             rcu_id: rcu.id(),
             cpus,
             mags,
@@ -249,6 +272,9 @@ impl<T> PerCpuCache<T> {
                 let mag = unsafe { &mut *p };
                 n += mag.len();
                 mag.items.drain(..).for_each(&mut sink);
+                // A drain means memory is wanted elsewhere: the high mark
+                // starts over.
+                mag.cap = self.base;
             });
             m.len.store(0, Ordering::Relaxed);
         }
@@ -276,7 +302,7 @@ mod tests {
     #[test]
     fn owner_pushes_and_pops_drainer_empties() {
         let (rcu, readers) = Rcu::new(2);
-        let c = PerCpuCache::<u32>::new(&rcu, 4);
+        let c = PerCpuCache::<u32>::new(&rcu, 4, 4);
         c.local(&rcu, &readers[0], |m| {
             m.push(1).unwrap();
             m.push(2).unwrap();
@@ -301,10 +327,35 @@ mod tests {
     }
 
     #[test]
+    fn high_marks_grow_to_max_and_a_drain_resets_them() {
+        let (rcu, readers) = Rcu::new(1);
+        let c = PerCpuCache::<u32>::new(&rcu, 2, 5);
+        let kept = c.local(&rcu, &readers[0], |m| {
+            assert_eq!((m.push(1), m.push(2), m.push(3)), (Ok(()), Ok(()), Err(3)));
+            assert_eq!(m.grow(4), 4);
+            assert_eq!(m.grow(3), 4, "grow never lowers the mark");
+            assert_eq!(m.grow(100), 5);
+            assert!(!m.can_grow());
+            m.extend([3, 4, 5]);
+            m.len()
+        });
+        assert_eq!(kept, 5);
+        assert_eq!(c.drain_all(&rcu, |_| {}), 5);
+        // The slot now runs on its spare; drain that one too, and both
+        // marks are back at the base.
+        c.local(&rcu, &readers[0], |m| {
+            m.grow(5);
+            m.extend([1, 2, 3]);
+        });
+        assert_eq!(c.drain_all(&rcu, |_| {}), 3);
+        c.local(&rcu, &readers[0], |m| assert_eq!((m.capacity(), m.can_grow()), (2, true)));
+    }
+
+    #[test]
     #[should_panic(expected = "re-entered")]
     fn reentry_panics() {
         let (rcu, readers) = Rcu::new(1);
-        let c = PerCpuCache::<u32>::new(&rcu, 4);
+        let c = PerCpuCache::<u32>::new(&rcu, 4, 4);
         c.local(&rcu, &readers[0], |_| c.local(&rcu, &readers[0], |_| ()));
     }
 
@@ -313,7 +364,7 @@ mod tests {
     fn foreign_readers_are_refused() {
         let (rcu, _) = Rcu::new(1);
         let (other, readers) = Rcu::new(1);
-        let c = PerCpuCache::<u32>::new(&rcu, 4);
+        let c = PerCpuCache::<u32>::new(&rcu, 4, 4);
         c.local(&other, &readers[0], |_| ());
     }
 
@@ -321,7 +372,7 @@ mod tests {
     fn drains_a_parked_owner_and_nothing_is_lost() {
         let (rcu, mut readers) = Rcu::new(2);
         let rcu = Arc::new(rcu);
-        let c = Arc::new(PerCpuCache::<u32>::new(&rcu, 8));
+        let c = Arc::new(PerCpuCache::<u32>::new(&rcu, 8, 8));
         let r = readers.pop().unwrap();
         let (tx, rx) = std::sync::mpsc::channel::<()>();
         let (ready_tx, ready) = std::sync::mpsc::channel::<()>();

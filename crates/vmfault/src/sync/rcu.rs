@@ -180,6 +180,25 @@ thread_local! {
     static SECTIONS: Cell<u32> = const { Cell::new(0) };
 }
 
+#[cfg(not(loom))]
+thread_local! {
+    /// Grace periods the current thread has waited for (any `Rcu`), taken
+    /// by the vCPU context at the end of each operation (`caller_grace_waits`).
+    static WAITS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Grace periods the calling thread has waited for since the last call.
+pub fn take_thread_waits() -> u64 {
+    #[cfg(not(loom))]
+    {
+        WAITS.with(|w| w.replace(0))
+    }
+    #[cfg(loom)]
+    {
+        0
+    }
+}
+
 impl Rcu {
     /// An RCU with `readers` readers, and the reader handles.
     pub fn new(readers: usize) -> (Rcu, Vec<RcuReader>) {
@@ -243,6 +262,8 @@ impl Rcu {
     pub fn synchronize(&self) {
         #[cfg(all(debug_assertions, not(loom)))]
         SECTIONS.with(|s| assert_eq!(s.get(), 0, "Rcu::synchronize inside a read-side section"));
+        #[cfg(not(loom))]
+        WAITS.with(|w| w.set(w.get() + 1));
         if cfg!(vmfault_mutation = "rcu_no_grace") {
             // Mutation for the loom model: skip the grace period entirely.
             return;
