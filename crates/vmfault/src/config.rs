@@ -226,7 +226,9 @@ pub struct VmConfig {
     /// 0 means all of them (the seed's choice; the reviewer's 8/8 split is
     /// `pcpu_fill=8, pcpu_drain=8`).
     pub pcpu_drain: usize,
-    /// How many frames a cache may keep (see [`PcpHigh`]). Default `Fixed`.
+    /// How many frames a cache may keep (see [`PcpHigh`]). Default `Auto`:
+    /// global-lock acquisitions per page_fault1 cycle fell from 2,195 to
+    /// 2-7 and frames through the global list from 65.8k to 25-136.
     pub pcpu_high: PcpHigh,
     /// Drain every vCPU's cache remotely this many times a second from a
     /// background thread (0: only on demand). For measuring drains.
@@ -258,10 +260,10 @@ pub struct VmConfig {
     /// Bytes of the swap file; 0 means twice `phys_bytes`. Default 0.
     pub swap_bytes: u64,
     /// The order in which freed frames are reused (see [`FrameOrder`]).
-    /// Default `Lifo` for now: `Ordered` measured 1.19x and 1.55x
-    /// page_fault1, 1.89x and 1.80x pft at 1 and 2 vCPUs on the project's
-    /// 2-core machine, but a CI run with it as the default saw one rare
-    /// `fault_races` failure (vmalock) not yet understood.
+    /// Default `Ordered`: it measured 1.19x and 1.55x page_fault1, 1.89x
+    /// and 1.80x pft over `Lifo` at 1 and 2 vCPUs on the project's 2-core
+    /// machine. (The `fault_races` failure once seen with it was a fork
+    /// race of every order and path, fixed since.)
     pub frame_order: FrameOrder,
 }
 
@@ -275,7 +277,7 @@ impl Default for VmConfig {
             pcpu_pages: 16,
             pcpu_fill: 0,
             pcpu_drain: 0,
-            pcpu_high: PcpHigh::Fixed,
+            pcpu_high: PcpHigh::Auto,
             pcpu_drain_hz: 0,
             fault_path: FaultPath::Speculative,
             rmap: Rmap::Backing,
@@ -284,7 +286,7 @@ impl Default for VmConfig {
             free_target: 0,
             swap: None,
             swap_bytes: 0,
-            frame_order: FrameOrder::Lifo,
+            frame_order: FrameOrder::Ordered,
         }
     }
 }
@@ -420,9 +422,9 @@ impl VmConfig {
         let capacity = self.pcpu_pages;
         let fill = if self.pcpu_fill == 0 { capacity.saturating_sub(1).max(1) } else { self.pcpu_fill };
         let drain = if self.pcpu_drain == 0 { capacity } else { self.pcpu_drain };
-        // Auto: up to the vCPU's share of memory (the slot of threads that
-        // are not attached counts too).
-        let share = (self.phys_bytes / crate::types::PAGE_SIZE) as usize / (self.cpus + 1);
+        // Auto: up to the vCPU's share of memory (a cap, not a reservation:
+        // caches that hold more than the global list can spare are drained).
+        let share = (self.phys_bytes / crate::types::PAGE_SIZE) as usize / self.cpus.max(1);
         let max = match self.pcpu_high {
             PcpHigh::Fixed => capacity,
             PcpHigh::Auto if capacity > 0 => share.max(capacity),

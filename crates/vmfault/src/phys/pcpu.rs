@@ -195,17 +195,17 @@ impl<'a> Frames<'a> {
         // The frames freed last were used last and are the warmest: they go
         // into the magazine (the very last on top); the colder rest goes to
         // the global list first, so its head is the next warmest.
-        let room = pcp
-            .local(cpu.rcu, cpu.reader, |m| {
-                // pcpu_high=auto: keep them all here, memory allowing.
-                if m.can_grow() && !phys.short_of_frames() {
-                    m.grow(m.len() + frames.len());
-                }
-                m.room()
-            })
-            .min(frames.len());
-        let (cold, warm) = frames.split_at(frames.len() - room);
-        phys.free.give(&phys.pages, cold.iter().map(|&p| phys.retire(p)));
-        pcp.local(cpu.rcu, cpu.reader, |m| m.extend(warm.iter().map(|&p| phys.retire(p))));
+        // One section for the split and the fill: a remote drain between
+        // them would swap in a magazine with less room.
+        pcp.local(cpu.rcu, cpu.reader, |m| {
+            // pcpu_high=auto: keep them all here, memory allowing.
+            if m.can_grow() && !phys.short_of_frames() {
+                m.grow(m.len() + frames.len());
+            }
+            let room = m.room().min(frames.len());
+            let (cold, warm) = frames.split_at(frames.len() - room);
+            phys.free.give(&phys.pages, cold.iter().map(|&p| phys.retire(p)));
+            m.extend(warm.iter().map(|&p| phys.retire(p)));
+        });
     }
 }

@@ -116,13 +116,13 @@ impl<T> Magazine<T> {
 }
 
 impl<T> Extend<T> for Magazine<T> {
-    /// Add items while there is room (extra items are dropped: callers
-    /// never offer more than `room()`; debug builds check).
+    /// Add items. Panics if they do not fit: callers offer at most
+    /// `room()`, taken in the same `local` call (a drain between two calls
+    /// may swap in a magazine with less room), and an item dropped here
+    /// would be a frame lost.
     fn extend<I: IntoIterator<Item = T>>(&mut self, iter: I) {
         for x in iter {
-            let full = self.push(x).is_err();
-            // Holds: callers fill at most `room()`, which a drain only grows.
-            debug_assert!(!full, "magazine overfilled");
+            assert!(self.push(x).is_ok(), "magazine overfilled");
         }
     }
 }
