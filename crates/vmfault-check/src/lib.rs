@@ -6,9 +6,11 @@
 //! errnos, bytes read, SIGSEGV address and code), the window's layout
 //! after every operation, and the files' contents at the end must agree.
 
+mod filepages;
 pub mod host;
 pub mod ops;
 
+use filepages::FilePages;
 use ops::*;
 use vmfault::{AddressSpace, FaultPath, Rmap, Vm, VmConfig};
 
@@ -104,20 +106,23 @@ pub fn check_configs(ops: &[TOp], configs: &[Config]) -> Result<(), String> {
 /// page daemon of the small machine wrote that page back, which zeroes
 /// its tail as Linux's `writepage` does, and read it again, where the
 /// host kept it cached with the stores it took past the end (POSIX leaves
-/// them unspecified: they never reach the file). Judged only where the
-/// straddling page is known: a read that ran on into SIGBUS on the next
-/// page (past the end of the file), whose bytes start at the op's offset.
-fn tail_written_back(op: &TOp, got: &Outcome, want: &Outcome) -> bool {
+/// them unspecified: they never reach the file). Only reads are judged
+/// (their bytes start at the op's offset); `files` says which window
+/// pages map which file page.
+fn tail_written_back(op: &TOp, got: &Outcome, want: &Outcome, files: &FilePages) -> bool {
     let TOp::Read { off, .. } = *op else { return false };
-    let (Outcome::Bus { off: bus, data: a }, Outcome::Bus { off: bus2, data: b }) = (got, want) else {
-        return false;
+    let same_end = match (got, want) {
+        (Outcome::Data(_), Outcome::Data(_)) => true,
+        (Outcome::Bus { off: x, .. }, Outcome::Bus { off: y, .. }) => x == y,
+        (Outcome::Segv { off: x, code: c, .. }, Outcome::Segv { off: y, code: d, .. }) => (x, c) == (y, d),
+        _ => false,
     };
-    let straddling = (bus - ops::P as i64)..*bus;
-    bus == bus2
+    let (Some(a), Some(b)) = (got.data(), want.data()) else { return false };
+    same_end
         && a.len() == b.len()
         && a.iter().zip(b).enumerate().filter(|(_, (x, y))| x != y).all(|(k, (&x, _))| {
-            let at = off as i64 + k as i64;
-            x == 0 && straddling.contains(&at) && (at - straddling.start) as u64 >= ops::FILE_TAIL
+            let at = off + k as u64;
+            x == 0 && files.fpage(at) == Some(ops::FILE_PAGES) && at % ops::P >= ops::FILE_TAIL
         })
 }
 
@@ -193,6 +198,7 @@ fn check_path(
     let mut spaces = vec![Some(first)];
     let mut cur = 0usize;
     let mut complete = true;
+    let mut files = FilePages::new();
     for (i, op) in ops.iter().enumerate() {
         let live = |spaces: &[Option<AddressSpace>], cur: usize| {
             spaces[cur].clone().expect("sequences never run ops in an exited process")
@@ -230,7 +236,9 @@ fn check_path(
             complete = false;
             break;
         }
-        if got != host[i] && !(swap && tail_written_back(op, &got, &host[i])) {
+        let tail = swap && got != host[i] && tail_written_back(op, &got, &host[i], &files);
+        files.apply(op, &host[i]);
+        if got != host[i] && !tail {
             let diff = got
                 .first_difference(&host[i])
                 .map_or(String::new(), |(at, run)| format!(" (bytes first differ at {at:#x}, for {run} bytes)"));
@@ -289,4 +297,32 @@ fn check_path(
         ));
     }
     Ok(complete)
+}
+
+#[cfg(test)]
+mod tail_tests {
+    use super::*;
+
+    #[test]
+    fn only_zeros_past_the_end_of_the_file_in_its_last_page_pass() {
+        let mut files = FilePages::new();
+        let map = TOp::MmapFile { place: Place::Fixed, off: 4 * P, len: 2 * P, prot: 3, shared: true, fpage: 39 };
+        files.apply(&map, &Outcome::Addr(4 * P));
+        // Window page 5 maps file page 40, whose first FILE_TAIL bytes are the file's.
+        let read = TOp::Read { off: 5 * P, len: 300 };
+        let want = Outcome::Data(vec![7; 300]);
+        let mut tail = vec![7u8; 300];
+        tail[FILE_TAIL as usize..].fill(0);
+        assert!(tail_written_back(&read, &Outcome::Data(tail.clone()), &want, &files));
+        let mut early = tail.clone();
+        early[FILE_TAIL as usize - 1] = 0;
+        assert!(!tail_written_back(&read, &Outcome::Data(early), &want, &files), "a byte of the file");
+        let mut nonzero = tail.clone();
+        nonzero[200] = 9;
+        assert!(!tail_written_back(&read, &Outcome::Data(nonzero), &want, &files), "not zeroed");
+        let other = TOp::Read { off: 4 * P, len: 300 };
+        assert!(!tail_written_back(&other, &Outcome::Data(tail.clone()), &want, &files), "file page 39");
+        let bus = Outcome::Bus { off: 6 * P as i64, data: tail.clone() };
+        assert!(!tail_written_back(&read, &bus, &want, &files), "a different end");
+    }
 }
