@@ -124,6 +124,7 @@ pub(crate) fn run<T: Target>(
         Workload::Malloc1 => malloc1(t, sizes.region, stop),
         Workload::Mmap1 => mmap1(t, sizes.region, stop),
         Workload::Brk1 => brk1(t, stop),
+        Workload::Vmlocal => vmlocal(t, stop),
         Workload::Fork1 => fork1(t, FORK1_REGION, stop),
         Workload::Exec1 => exec1(t, file()?, stop),
         Workload::Shared64 => return shared64(t, sizes.shared_region, stop),
@@ -208,6 +209,23 @@ fn brk1<T: Target>(t: &T, stop: &AtomicBool) -> Result<u64, OpError> {
         ops += 2;
     }
     t.unmap(heap, PAGE)?;
+    Ok(ops)
+}
+
+/// vmlocal (RadixVM's "local"): the thread's own page, between two
+/// `PROT_NONE` guard pages of its reservation (nothing merges with it, and
+/// no other mapping lands there), mapped, written and unmapped.
+fn vmlocal<T: Target>(t: &T, stop: &AtomicBool) -> Result<u64, OpError> {
+    let r = t.reserve(3 * PAGE)?;
+    let page = r + PAGE;
+    let mut ops = 0;
+    while !stopped(stop) {
+        t.map_fixed(page, PAGE)?;
+        t.store(page)?;
+        t.unmap(page, PAGE)?;
+        ops += 1;
+    }
+    t.unmap(r, 3 * PAGE)?;
     Ok(ops)
 }
 

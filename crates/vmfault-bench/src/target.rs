@@ -26,6 +26,10 @@ pub trait Target: Sync {
     /// Map `len` bytes of private anonymous read-write memory anywhere.
     fn map(&self, len: u64) -> Result<u64, OpError>;
 
+    /// Reserve `len` bytes of address space: a private anonymous
+    /// `PROT_NONE` mapping (no merges with read-write neighbours).
+    fn reserve(&self, len: u64) -> Result<u64, OpError>;
+
     /// Map `len` bytes of private anonymous read-write memory at `addr`,
     /// replacing what is there (`MAP_FIXED`).
     fn map_fixed(&self, addr: u64, len: u64) -> Result<(), OpError>;
@@ -152,6 +156,10 @@ impl Target for VmTarget {
     #[inline]
     fn map(&self, len: u64) -> Result<u64, OpError> {
         self.space.mmap(0, len, RW, PA).map_err(|e| e.to_string())
+    }
+
+    fn reserve(&self, len: u64) -> Result<u64, OpError> {
+        self.space.mmap(0, len, Prot::NONE, PA).map_err(|e| e.to_string())
     }
 
     #[inline]
@@ -290,6 +298,21 @@ impl Target for HostTarget {
                 std::ptr::null_mut(),
                 len as usize,
                 libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED { Err(errno_text("mmap")) } else { Ok(p as u64) }
+    }
+
+    fn reserve(&self, len: u64) -> Result<u64, OpError> {
+        // SAFETY: a fresh anonymous mapping; nothing existing is touched.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len as usize,
+                libc::PROT_NONE,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
                 -1,
                 0,

@@ -26,6 +26,10 @@ pub enum Workload {
     /// will-it-scale `mmap1`: map and unmap 128 MiB, untouched.
     #[serde(rename = "mmap1")]
     Mmap1,
+    /// RadixVM's local benchmark: each thread maps one page of its own
+    /// range, writes it and unmaps it (op = the three).
+    #[serde(rename = "vmlocal")]
+    Vmlocal,
     /// `brk1`-like: grow a mapping by one page and shrink it back (two ops).
     #[serde(rename = "brk1")]
     Brk1,
@@ -87,13 +91,14 @@ impl Sizes {
 
 impl Workload {
     /// Every workload, in display order.
-    pub const ALL: [Workload; 14] = [
+    pub const ALL: [Workload; 15] = [
         Workload::PageFault1,
         Workload::PageFault2,
         Workload::PageFault3,
         Workload::Malloc1,
         Workload::Mmap1,
         Workload::Brk1,
+        Workload::Vmlocal,
         Workload::Pft,
         Workload::Ebizzy,
         Workload::Mlock1,
@@ -117,6 +122,7 @@ impl Workload {
             Workload::Malloc1 => "malloc1",
             Workload::Mmap1 => "mmap1",
             Workload::Brk1 => "brk1",
+            Workload::Vmlocal => "vmlocal",
             Workload::Pft => "pft",
             Workload::Ebizzy => "ebizzy",
             Workload::Mlock1 => "mlock1",
@@ -142,6 +148,9 @@ impl Workload {
             Workload::Malloc1 => "map 128 MiB, touch one byte, unmap (op = loop)",
             Workload::Mmap1 => "map and unmap 128 MiB, untouched (op = loop)",
             Workload::Brk1 => "grow a mapping by one page and shrink it back (op = grow or shrink)",
+            Workload::Vmlocal => {
+                "RadixVM's local: map one page of the thread's own range, write it, unmap it (op = loop)"
+            }
             Workload::Pft => "one private region, each thread faults its share once (op = fault)",
             Workload::Ebizzy => "ebizzy -mT: map 512 KiB, write one byte per page, unmap (op = record)",
             Workload::Mlock1 => {
@@ -189,6 +198,7 @@ impl Workload {
             Workload::Malloc1
             | Workload::Mmap1
             | Workload::Brk1
+            | Workload::Vmlocal
             | Workload::Mlock1
             | Workload::Mlock1Shared
             | Workload::Fork1
