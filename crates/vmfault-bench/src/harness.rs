@@ -138,8 +138,10 @@ pub fn round_until<T: Target>(
                     let flt = thread_minor_faults();
                     start.wait();
                     let cpu = thread_cpu_seconds();
+                    let heap = crate::heap::thread_allocs();
                     let r = scratch.and_then(|mut scratch| loops::run(w, target, sizes, &mut scratch, stop));
-                    (r, thread_cpu_seconds() - cpu, thread_minor_faults() - flt)
+                    let heap = crate::heap::thread_allocs() - heap;
+                    (r, thread_cpu_seconds() - cpu, thread_minor_faults() - flt, heap)
                 })
             })
             .collect();
@@ -152,9 +154,14 @@ pub fn round_until<T: Target>(
     });
     let after = target.stats();
     let mut r = RoundResult { ops: 0, faults: 0, seconds, cpu_seconds: 0.0, counters: counter_delta(&before, &after) };
-    for (done, cpu, minflt) in per_thread {
+    for (done, cpu, minflt, heap) in per_thread {
         let done = done?;
         r.ops += done.ops;
+        if crate::heap::installed() {
+            // The loop's own allocations: vmfault's on its rows, the
+            // harness's (none in steady state) on the host's.
+            *r.counters.entry("heap_allocs".to_string()).or_default() += heap;
+        }
         for (k, v) in done.extra {
             *r.counters.entry(k.to_string()).or_default() += v;
         }

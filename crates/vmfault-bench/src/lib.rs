@@ -24,6 +24,7 @@
 //! ```
 
 pub mod harness;
+pub mod heap;
 mod loops;
 pub mod results;
 pub mod target;

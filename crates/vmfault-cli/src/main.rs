@@ -135,6 +135,10 @@ fn runnable_workload(name: Option<&str>, default: Workload) -> Result<Workload, 
     }
 }
 
+/// Counts each thread's heap allocations, for the bench's `heap_allocs`.
+#[global_allocator]
+static HEAP: vmfault_bench::heap::CountingAlloc = vmfault_bench::heap::CountingAlloc;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if std::env::var_os("RUST_LOG").is_some() {

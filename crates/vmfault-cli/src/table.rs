@@ -160,7 +160,13 @@ fn per_op(results: &Results) -> String {
     if rows.is_empty() {
         return String::new();
     }
-    let keys = ["caller_grace_waits", "global_lock_acquisitions", "global_frames_moved", "map_lock_acquisitions"];
+    let keys = [
+        "caller_grace_waits",
+        "global_lock_acquisitions",
+        "global_frames_moved",
+        "map_lock_acquisitions",
+        "heap_allocs",
+    ];
     let mut lines = vec![["workload", "system", "thr", "adjacent"].map(String::from).to_vec()];
     lines[0].extend(keys.iter().map(|k| k.to_string()));
     for r in rows {
