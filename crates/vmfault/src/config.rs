@@ -192,6 +192,41 @@ impl PcpHigh {
     }
 }
 
+/// Who waits for the grace period before unmapped frames are reused.
+///
+/// - `Sync`: the operation that unmapped them (munmap, madvise, MAP_FIXED
+///   replacement, a copy-on-write collapse) waits for a grace period before
+///   it returns (the seed's behaviour); so does an object's end.
+/// - `Deferred`: they go onto the vCPU's deferred list with the grace
+///   period's cookie; a grace-period thread ages every vCPU's batches with
+///   one grace period, and the vCPU takes them back into its page cache
+///   when it next needs frames. No operation waits (Linux's `call_rcu`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum FreePath {
+    /// The freeing operation waits for the grace period.
+    Sync,
+    /// Nobody waits: a thread ages the batches.
+    Deferred,
+}
+
+impl FreePath {
+    /// The knob value: `sync` or `deferred`.
+    pub fn name(self) -> &'static str {
+        match self {
+            FreePath::Sync => "sync",
+            FreePath::Deferred => "deferred",
+        }
+    }
+
+    fn parse(v: &str) -> std::result::Result<FreePath, &'static str> {
+        match v.trim() {
+            "sync" => Ok(FreePath::Sync),
+            "deferred" => Ok(FreePath::Deferred),
+            _ => Err("expected sync or deferred"),
+        }
+    }
+}
+
 /// The configuration of a [`Vm`](crate::Vm).
 ///
 /// ```
@@ -226,6 +261,9 @@ pub struct VmConfig {
     /// 0 means all of them (the seed's choice; the reviewer's 8/8 split is
     /// `pcpu_fill=8, pcpu_drain=8`).
     pub pcpu_drain: usize,
+    /// Who waits for the grace period of a free (see [`FreePath`]).
+    /// Default `Sync`.
+    pub free_path: FreePath,
     /// How many frames a cache may keep (see [`PcpHigh`]). Default `Auto`:
     /// global-lock acquisitions per page_fault1 cycle fell from 2,195 to
     /// 2-7 and frames through the global list from 65.8k to 25-136.
@@ -278,6 +316,7 @@ impl Default for VmConfig {
             pcpu_fill: 0,
             pcpu_drain: 0,
             pcpu_high: PcpHigh::Auto,
+            free_path: FreePath::Sync,
             pcpu_drain_hz: 0,
             fault_path: FaultPath::Speculative,
             rmap: Rmap::Backing,
@@ -317,6 +356,7 @@ impl VmConfig {
             "pcpu_fill" => self.pcpu_fill = parse_usize(value)?,
             "pcpu_drain" => self.pcpu_drain = parse_usize(value)?,
             "pcpu_high" => self.pcpu_high = PcpHigh::parse(value)?,
+            "free_path" => self.free_path = FreePath::parse(value)?,
             "fault_path" => self.fault_path = FaultPath::parse(value)?,
             "rmap" => self.rmap = Rmap::parse(value)?,
             "refcount" => self.refcount = Refcount::parse(value)?,
@@ -344,6 +384,7 @@ impl VmConfig {
             ("pcpu_fill", self.pcpu_fill.to_string()),
             ("pcpu_drain", self.pcpu_drain.to_string()),
             ("pcpu_high", self.pcpu_high.name().to_string()),
+            ("free_path", self.free_path.name().to_string()),
             ("pcpu_drain_hz", self.pcpu_drain_hz.to_string()),
             ("fault_path", self.fault_path.name().to_string()),
             ("rmap", self.rmap.name().to_string()),

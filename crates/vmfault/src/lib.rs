@@ -71,7 +71,9 @@
 //! shards of the anonymous object registry and a file object's
 //! write-back mutex (`ended`: the `WRITEBACK` bits are cleared under it,
 //! and `msync` waits on it for pages another writer has under way, holding
-//! no other lock) are leaves.
+//! no other lock) and the deferred-free lists' mutexes (`phys::deferred`:
+//! taken inside a section by a cache miss, never held across a grace
+//! period) are leaves.
 //!
 //! RCU read-side sections are not locks but obey one rule: nothing inside a
 //! section waits for a lock that anyone holds while calling `synchronize()`
@@ -128,7 +130,7 @@ pub mod types;
 mod vm;
 
 pub use aspace::{AddressSpace, MAX_MAP_COUNT, PageHold};
-pub use config::{FaultPath, FrameOrder, PcpHigh, Refcount, Rmap, VmConfig};
+pub use config::{FaultPath, FrameOrder, FreePath, PcpHigh, Refcount, Rmap, VmConfig};
 pub use error::{Error, Op, Result, SegvCode};
 pub use stats::{Counter, CpuStats, Stats};
 pub use types::{Access, Advice, MMAP_MIN_ADDR, MapFlags, MappingInfo, MsyncFlags, PAGE_SIZE, Prot, TASK_SIZE};

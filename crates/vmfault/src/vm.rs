@@ -260,6 +260,9 @@ impl Vm {
             phys.set_free_target(config.free_target);
         }
         phys.set_ordered(config.frame_order == crate::config::FrameOrder::Ordered);
+        if config.free_path == crate::config::FreePath::Deferred {
+            phys.set_deferred(config.cpus + 1);
+        }
         let mut readers = readers.into_iter();
         let cpus = CpuSet::new(config.cpus, |_| {
             let reader = readers.next().expect("one reader per slot");
@@ -292,6 +295,9 @@ impl Vm {
         let mut threads = Vec::new();
         if m.config.pcpu_drain_hz > 0 {
             threads.push(spawn_drainer(&m)?);
+        }
+        if m.phys.deferred.is_some() {
+            threads.push(spawn_grace_thread(&m)?);
         }
         if m.config.page_daemon && (m.config.pcpu_pages > 0 || m.swap.is_some()) {
             threads.push(crate::reclaim::spawn_daemon(&m, daemon_reader)?);
@@ -381,7 +387,8 @@ impl Vm {
         let (drains, drained) = phys.pcp_drain_stats();
         let mut s = Stats {
             total_pages: phys.total_frames(),
-            free_pages: phys.global_free_frames() + phys.pcp_frames(),
+            free_pages: phys.global_free_frames() + phys.pcp_frames() + phys.deferred_frames(),
+            deferred_pages: phys.deferred_frames(),
             global_free_pages: phys.global_free_frames(),
             pcp_pages: phys.pcp_frames(),
             pcp_remote_drains: drains,
@@ -505,6 +512,45 @@ fn host_can_give(config: &VmConfig, frames: u32) -> Result<()> {
         Some(available) if need > available => Err(Error::HostMemory { what, need, available }),
         _ => Ok(()),
     }
+}
+
+/// The grace-period thread of `free_path=deferred` (`phys::deferred`):
+/// woken by each deferred batch, it runs grace periods until it has served
+/// every batch queued, and frees the batches without an owner. Ends when
+/// the machine stops (`Life::drop` unparks and joins it).
+fn spawn_grace_thread(m: &Arc<Machine>) -> Result<std::thread::JoinHandle<()>> {
+    let weak = Arc::downgrade(m);
+    let t = std::thread::Builder::new()
+        .name("vmfault-rcu".into())
+        .spawn(move || {
+            let mut served = 0;
+            loop {
+                {
+                    let Some(m) = weak.upgrade() else { return };
+                    if m.stop.load(std::sync::atomic::Ordering::Acquire) {
+                        return;
+                    }
+                    let Some(d) = &m.phys.deferred else { return };
+                    // Acquire: every batch counted here took its cookie
+                    // before the grace period below starts.
+                    let wanted = d.requests();
+                    if wanted != served {
+                        m.rcu.synchronize();
+                        served = wanted;
+                        m.phys.flush_deferred(&m.rcu, false);
+                        continue;
+                    }
+                }
+                // A batch queued after the load above has unparked us: the
+                // park returns at once.
+                std::thread::park_timeout(std::time::Duration::from_millis(200));
+            }
+        })
+        .map_err(|e| Error::Host { call: "spawn of the grace-period thread", errno: e.raw_os_error().unwrap_or(0) })?;
+    if let Some(d) = &m.phys.deferred {
+        d.set_thread(t.thread().clone());
+    }
+    Ok(t)
 }
 
 /// The `pcpu_drain_hz` thread: drains all page caches periodically until

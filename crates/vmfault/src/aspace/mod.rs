@@ -289,13 +289,21 @@ impl Space {
     /// held. If it cleared or narrowed `ptes` PTEs or unlinked `frames`,
     /// wait for a grace period (the TLB shootdown), so that no access
     /// through an old PTE is still in flight when the call returns, and free
-    /// the frames. Then free the snapshots whose grace period has passed;
+    /// the frames; with `free_path=deferred`, queue the frames for the
+    /// grace-period thread instead and wait for nothing. Then free the snapshots whose grace period has passed;
     /// with `objects_gone` (it removed VMAs that held objects, which the old
     /// snapshots keep alive), or too many pending, wait for one first.
     pub(crate) fn finish(&self, ctx: &Ctx<'_>, ptes: u64, frames: &[Pfn], objects_gone: bool) {
         let orphans = ctx.m.take_orphans();
         let frames = if orphans.is_empty() { frames } else { &[frames, &orphans[..]].concat() };
-        if ptes > 0 || !frames.is_empty() {
+        if self.vm.m.phys.deferred.is_some() {
+            // free_path=deferred: no wait. The frames are reused only after
+            // their grace period; a store still in flight through a cleared
+            // PTE lands in a page that nobody reuses before it ends (narrowed
+            // PTEs had their shootdown under the map lock, and a file
+            // write-back waits for its own).
+            ctx.frames().free_after_grace(frames);
+        } else if ptes > 0 || !frames.is_empty() {
             ctx.count(Counter::tlb_shootdowns);
             if frames.is_empty() {
                 self.vm.m.rcu.synchronize();
@@ -367,6 +375,6 @@ impl Drop for Space {
         let mut frames = self.vm.m.take_orphans();
         let phys = &self.vm.m.phys;
         self.pmap.teardown(phys, &mut frames);
-        phys.free_after_grace(&self.vm.m.rcu, &frames);
+        phys.free_later(&self.vm.m.rcu, &frames);
     }
 }

@@ -278,7 +278,8 @@ impl Drop for Object {
             self.forget_slot(e);
         }
         // Pages may still be mapped in PTEs that a walker read before they
-        // were zapped: wait out the grace period inside free_after_grace.
-        self.m.phys.free_after_grace(&self.m.rcu, &frames);
+        // were zapped: freed after a grace period (waited for here, or by
+        // the grace-period thread with free_path=deferred).
+        self.m.phys.free_later(&self.m.rcu, &frames);
     }
 }

@@ -27,6 +27,7 @@
 //! Frame 0 is the shared zero page: always zero, never writable, never freed.
 
 pub(crate) mod arena;
+pub(crate) mod deferred;
 pub(crate) mod freelist;
 pub(crate) mod page;
 pub(crate) mod pcpu;
@@ -96,6 +97,9 @@ pub(crate) struct PhysMem {
     pub(crate) queues: Option<PageQueues>,
     /// `[I]` bulk frees sort their frames (`VmConfig::frame_order`).
     ordered: bool,
+    /// Frees nobody waits for (`VmConfig::free_path = deferred`; locks
+    /// inside); see `deferred`.
+    pub(crate) deferred: Option<deferred::Deferred>,
 }
 
 impl std::fmt::Debug for PhysMem {
@@ -148,6 +152,7 @@ impl PhysMem {
             free_target,
             queues: queues.then(|| PageQueues::new(rcu)),
             ordered: false,
+            deferred: None,
         })
     }
 
@@ -162,14 +167,16 @@ impl PhysMem {
     /// frames in flight (`tests/api.rs` saw ENOMEM, then two free frames).
     /// The second waits instead, and finds the first one's frames.
     pub(crate) fn drain_pcpu(&self, rcu: &Rcu) -> usize {
-        let Some(pcp) = &self.pcp else { return 0 };
+        // Frames on the deferred lists are the vCPUs' too.
+        let deferred = self.flush_deferred(rcu, true);
+        let Some(pcp) = &self.pcp else { return deferred };
         let _one = self.drain.lock().unwrap_or_else(|p| p.into_inner());
         let mut drained = Vec::new();
         let n = pcp.drain_all(rcu, |p| drained.push(p));
         if n > 0 {
             self.free.give(&self.pages, drained);
         }
-        n
+        n + deferred
     }
 
     /// Whether the global list holds fewer frames than the free target
@@ -201,6 +208,59 @@ impl PhysMem {
     /// Free frames on the global list below which the page daemon runs.
     pub(crate) fn free_target(&self) -> u64 {
         self.free_target
+    }
+
+    /// Defer frees past their grace period instead of waiting for it, for
+    /// `slots` vCPU slots (`VmConfig::free_path = deferred`).
+    pub(crate) fn set_deferred(&mut self, slots: usize) {
+        self.deferred = Some(deferred::Deferred::new(slots));
+    }
+
+    /// Free published frames unlinked everywhere, without a vCPU: onto the
+    /// deferred list without an owner (the grace-period thread frees them),
+    /// or, without deferred frees, after waiting for a grace period here.
+    pub(crate) fn free_later(&self, rcu: &Rcu, frames: &[Pfn]) {
+        match &self.deferred {
+            Some(d) if !frames.is_empty() => d.push(d.unowned(), rcu.cookie(), frames.to_vec()),
+            Some(_) => {}
+            None => self.free_after_grace(rcu, frames),
+        }
+    }
+
+    /// Give the frames of the deferred lists whose grace period has ended
+    /// to the global list: the unowned list's (`all = false`, the
+    /// grace-period thread), or every list's after waiting for a grace
+    /// period (an allocation that found nothing, a drain). Returns how many.
+    pub(crate) fn flush_deferred(&self, rcu: &Rcu, all: bool) -> usize {
+        let Some(d) = &self.deferred else { return 0 };
+        let mut frames = Vec::new();
+        if all {
+            if d.frames() == 0 {
+                return 0;
+            }
+            rcu.synchronize();
+            d.take_all_aged(rcu, &mut frames);
+        } else {
+            d.take_aged(d.unowned(), rcu, &mut frames);
+        }
+        self.give_aged(&frames);
+        d.placed(frames.len());
+        frames.len()
+    }
+
+    /// Free frames whose grace period has ended, in one batch.
+    fn give_aged(&self, frames: &[Pfn]) {
+        if frames.is_empty() {
+            return;
+        }
+        self.leave_queues(frames);
+        let frames = self.in_free_order(frames);
+        self.free.give(&self.pages, frames.iter().map(|&pfn| self.retire(pfn)));
+    }
+
+    /// Frames on the deferred lists (a snapshot).
+    pub(crate) fn deferred_frames(&self) -> u64 {
+        self.deferred.as_ref().map_or(0, |d| d.held())
     }
 
     /// Sort bulk frees by address (`VmConfig::frame_order = ordered`).
@@ -307,9 +367,7 @@ impl PhysMem {
             return;
         }
         rcu.synchronize();
-        self.leave_queues(frames);
-        let frames = self.in_free_order(frames);
-        self.free.give(&self.pages, frames.iter().map(|&pfn| self.retire(pfn)));
+        self.give_aged(frames);
     }
 
     /// Frames about to be freed leave the page queues.

@@ -28,6 +28,7 @@
 
 use super::{OwnedFrame, Pfn, PhysMem};
 use crate::stats::{Counter, CounterSet};
+use crate::sync::percpu::Magazine;
 use crate::sync::rcu::{Rcu, RcuReader};
 
 /// Sizes of the per-CPU caches.
@@ -85,6 +86,19 @@ impl<'a> Frames<'a> {
                 return Some(p);
             }
             cpu.counters.inc(Counter::pcp_miss);
+            // free_path=deferred: this vCPU's own frees whose grace period
+            // has ended come back here first (nothing crosses the global list).
+            if let Some(d) = &phys.deferred {
+                let mut aged = Vec::new();
+                d.take_aged(cpu.reader.index(), cpu.rcu, &mut aged);
+                if !aged.is_empty() {
+                    self.stash(m, &aged);
+                    d.placed(aged.len());
+                    if let Some(p) = m.pop() {
+                        return Some(p);
+                    }
+                }
+            }
             // The stack's top (the most recently freed, warmest frame) must
             // come out first, as it would without the cache (handing the
             // batch out reversed cost page_fault1 13%): `take` yields the
@@ -118,6 +132,18 @@ impl<'a> Frames<'a> {
         self.phys.drain_pcpu(cpu.rcu);
         if let Some(p) = self.alloc_once() {
             return Some(OwnedFrame(Pfn(p)));
+        }
+        // free_path=deferred: frames another thread has taken off a
+        // deferred list and not yet placed (it may be preempted) are not
+        // gone: wait for them before reporting that nothing is free.
+        if let Some(d) = &self.phys.deferred {
+            while d.in_transit() > 0 {
+                std::thread::yield_now();
+                self.phys.drain_pcpu(cpu.rcu);
+                if let Some(p) = self.alloc_once() {
+                    return Some(OwnedFrame(Pfn(p)));
+                }
+            }
         }
         if !self.phys.doorbell.reclaims() {
             return None;
@@ -188,24 +214,42 @@ impl<'a> Frames<'a> {
         if frames.is_empty() {
             return;
         }
+        if let Some(d) = &phys.deferred {
+            // free_path=deferred: no wait here. What this vCPU queued
+            // before and has aged since comes back first.
+            let me = cpu.reader.index();
+            let mut aged = Vec::new();
+            d.take_aged(me, cpu.rcu, &mut aged);
+            if !aged.is_empty() {
+                pcp.local(cpu.rcu, cpu.reader, |m| self.stash(m, &aged));
+                d.placed(aged.len());
+            }
+            d.push(me, cpu.rcu.cookie(), frames.to_vec());
+            return;
+        }
         cpu.rcu.synchronize();
+        // One section for the split and the fill: a remote drain between
+        // them would swap in a magazine with less room.
+        pcp.local(cpu.rcu, cpu.reader, |m| self.stash(m, frames));
+    }
+
+    /// Put `frames`, past their grace period, into magazine `m` (the
+    /// calling vCPU's, inside its `local` call), raising its high mark if
+    /// `pcpu_high=auto` and memory allows; the rest to the global list.
+    /// The frames freed last were used last and are the warmest: they go
+    /// into the magazine (the very last on top); the colder rest goes to
+    /// the global list first, so its head is the next warmest.
+    fn stash(&self, m: &mut Magazine<u32>, frames: &[Pfn]) {
+        let phys = self.phys;
         phys.leave_queues(frames);
         let frames = phys.in_free_order(frames);
         let frames = &frames[..];
-        // The frames freed last were used last and are the warmest: they go
-        // into the magazine (the very last on top); the colder rest goes to
-        // the global list first, so its head is the next warmest.
-        // One section for the split and the fill: a remote drain between
-        // them would swap in a magazine with less room.
-        pcp.local(cpu.rcu, cpu.reader, |m| {
-            // pcpu_high=auto: keep them all here, memory allowing.
-            if m.can_grow() && !phys.short_of_frames() {
-                m.grow(m.len() + frames.len());
-            }
-            let room = m.room().min(frames.len());
-            let (cold, warm) = frames.split_at(frames.len() - room);
-            phys.free.give(&phys.pages, cold.iter().map(|&p| phys.retire(p)));
-            m.extend(warm.iter().map(|&p| phys.retire(p)));
-        });
+        if m.can_grow() && !phys.short_of_frames() {
+            m.grow(m.len() + frames.len());
+        }
+        let room = m.room().min(frames.len());
+        let (cold, warm) = frames.split_at(frames.len() - room);
+        phys.free.give(&phys.pages, cold.iter().map(|&p| phys.retire(p)));
+        m.extend(warm.iter().map(|&p| phys.retire(p)));
     }
 }

@@ -1,0 +1,200 @@
+//! Frees that nobody waits for (`VmConfig::free_path = deferred`, Linux's
+//! `call_rcu` and `mmu_gather` batching): frames that an operation has
+//! unlinked everywhere go, with the grace-period cookie taken after the
+//! unlink, onto a batch list of the freeing vCPU's, instead of that vCPU
+//! waiting for a grace period itself.
+//!
+//! - A grace-period thread (`vmfault-rcu`) is woken by each batch and runs
+//!   `synchronize()` until every batch queued before it has aged; one grace
+//!   period ages all the batches queued meanwhile, by every vCPU.
+//! - The owner takes its aged batches back when its page cache misses (the
+//!   frames go into its own cache, where they were freed: nothing crosses
+//!   the global list) and at its next deferred free.
+//! - Frees without a vCPU (an object's end, on whatever thread drops it)
+//!   go onto one more list, which the grace-period thread itself empties
+//!   into the global list.
+//! - An allocation that finds no frame anywhere waits for a grace period
+//!   and takes every list's aged batches (`PhysMem::flush_deferred`)
+//!   before it drains the page caches or reports `ENOMEM`; so do
+//!   `Vm::drain_pcpu_caches` and the page daemon.
+//!
+//! Frames on these lists count as free in the statistics
+//! (`deferred_pages` shows how many).
+//!
+//! Each list has its own mutex, taken by its owner (uncontended) and by
+//! the rare whole-machine flush; the only line all vCPUs write is the
+//! request counter the thread watches (once per deferred free, not per
+//! fault).
+
+use std::sync::Mutex;
+
+use super::Pfn;
+use crate::sync::CachePadded;
+use crate::sync::rcu::{GpCookie, Rcu};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Frames unlinked before `cookie` was taken.
+#[derive(Debug)]
+struct Batch {
+    cookie: GpCookie,
+    frames: Vec<Pfn>,
+}
+
+#[derive(Debug, Default)]
+struct List {
+    /// The batches, oldest first (a leaf lock: nothing is taken inside).
+    batches: Mutex<Vec<Batch>>,
+    /// `[a]` frames in them (written under the mutex, read lockless).
+    frames: AtomicU64,
+}
+
+/// One batch list per vCPU slot, and one for frees without a vCPU.
+pub(crate) struct Deferred {
+    lists: Box<[CachePadded<List>]>,
+    /// `[a]` frames taken off a list and not yet put on the global list or
+    /// a page cache: an allocation that finds nothing anywhere waits for
+    /// them before it reports `ENOMEM` (their mover may be preempted).
+    transit: AtomicU64,
+    /// `[a]` batches queued so far: the grace-period thread runs one more
+    /// grace period whenever it has not served them all.
+    requests: AtomicU64,
+    /// `[I]` once set: the grace-period thread, woken by each batch.
+    thread: std::sync::OnceLock<std::thread::Thread>,
+}
+
+impl Deferred {
+    /// Lists for `slots` vCPU slots, plus the one without a vCPU.
+    pub(crate) fn new(slots: usize) -> Deferred {
+        Deferred {
+            lists: (0..=slots).map(|_| CachePadded(List::default())).collect(),
+            transit: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
+            thread: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The list of frees made without a vCPU.
+    pub(crate) fn unowned(&self) -> usize {
+        self.lists.len() - 1
+    }
+
+    /// Set the thread that [`push`](Deferred::push) wakes.
+    pub(crate) fn set_thread(&self, t: std::thread::Thread) {
+        let _ = self.thread.set(t);
+    }
+
+    /// Queue `frames`, unlinked everywhere before `cookie` was taken
+    /// (`Rcu::cookie`, after the unlink), on list `i`, and wake the
+    /// grace-period thread.
+    pub(crate) fn push(&self, i: usize, cookie: GpCookie, frames: Vec<Pfn>) {
+        if frames.is_empty() {
+            return;
+        }
+        let l = &self.lists[i];
+        {
+            let mut b = l.batches.lock().unwrap_or_else(|p| p.into_inner());
+            l.frames.store(l.frames.load(Ordering::Relaxed) + frames.len() as u64, Ordering::Relaxed);
+            b.push(Batch { cookie, frames });
+        }
+        // Release: the thread that sees this count (Acquire) starts its
+        // grace period after the cookie was taken.
+        self.requests.fetch_add(1, Ordering::Release);
+        if let Some(t) = self.thread.get() {
+            t.unpark();
+        }
+    }
+
+    /// Batches queued so far (the grace-period thread's cue).
+    pub(crate) fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Acquire)
+    }
+
+    /// Move the frames of list `i`'s batches whose grace period has
+    /// elapsed to `out`, in transit until the caller reports them
+    /// [`placed`](Deferred::placed). Cheap when the list is empty (one load).
+    pub(crate) fn take_aged(&self, i: usize, rcu: &Rcu, out: &mut Vec<Pfn>) {
+        let l = &self.lists[i];
+        if l.frames.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut b = l.batches.lock().unwrap_or_else(|p| p.into_inner());
+        // Oldest first: the first batch that has not aged ends the run.
+        let aged = b.iter().take_while(|x| rcu.elapsed(x.cookie)).count();
+        let before = out.len();
+        for x in b.drain(..aged) {
+            out.extend(x.frames);
+        }
+        let n = (out.len() - before) as u64;
+        if n > 0 {
+            // In transit before they leave the list's count: no moment
+            // where a whole-machine look sees them nowhere.
+            self.transit.fetch_add(n, Ordering::AcqRel);
+            l.frames.store(l.frames.load(Ordering::Relaxed) - n, Ordering::Relaxed);
+        }
+    }
+
+    /// `n` frames taken by `take_aged` are on the global list or in a
+    /// page cache now.
+    pub(crate) fn placed(&self, n: usize) {
+        if n > 0 {
+            self.transit.fetch_sub(n as u64, Ordering::AcqRel);
+        }
+    }
+
+    /// Frames taken off the lists and not yet placed (a snapshot).
+    pub(crate) fn in_transit(&self) -> u64 {
+        self.transit.load(Ordering::Acquire)
+    }
+
+    /// Every list's aged frames, to `out`.
+    pub(crate) fn take_all_aged(&self, rcu: &Rcu, out: &mut Vec<Pfn>) {
+        for i in 0..self.lists.len() {
+            self.take_aged(i, rcu, out);
+        }
+    }
+
+    /// Frames waiting in every list (a snapshot).
+    pub(crate) fn frames(&self) -> u64 {
+        self.lists.iter().map(|l| l.frames.load(Ordering::Relaxed)).sum()
+    }
+
+    /// Frames waiting or in transit (a snapshot, for the statistics).
+    pub(crate) fn held(&self) -> u64 {
+        self.frames() + self.in_transit()
+    }
+}
+
+impl std::fmt::Debug for Deferred {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Deferred").field("frames", &self.frames()).field("requests", &self.requests()).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_age_with_grace_periods_and_come_back_in_order() {
+        let (rcu, _readers) = Rcu::new(1);
+        let d = Deferred::new(1);
+        d.push(0, rcu.cookie(), vec![Pfn(1), Pfn(2)]);
+        let mut out = Vec::new();
+        d.take_aged(0, &rcu, &mut out);
+        assert!(out.is_empty(), "no grace period yet");
+        assert_eq!((d.frames(), d.requests()), (2, 1));
+        rcu.synchronize();
+        d.push(0, rcu.cookie(), vec![Pfn(3)]);
+        d.push(d.unowned(), rcu.cookie(), vec![Pfn(4)]);
+        d.take_aged(0, &rcu, &mut out);
+        assert_eq!(out, [Pfn(1), Pfn(2)], "only the batch queued before the grace period");
+        assert_eq!((d.in_transit(), d.held()), (2, 4));
+        d.placed(2);
+        rcu.synchronize();
+        out.clear();
+        d.take_all_aged(&rcu, &mut out);
+        assert_eq!(out, [Pfn(3), Pfn(4)]);
+        d.placed(2);
+        assert_eq!(d.held(), 0);
+    }
+}

@@ -1,0 +1,155 @@
+//! `free_path=deferred` (`phys::deferred`): frees that no operation waits
+//! for. Frames come back (counted free at once, reusable after their
+//! grace period), a vCPU that runs dry still finds them, and a stress of
+//! map/check/unmap on every path loses and doubles nothing.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use common::FAULT_PATHS;
+use vmfault::{FaultPath, FreePath, MapFlags, Prot, Vm, VmConfig};
+
+const P: u64 = 4096;
+const RW: Prot = Prot::READ.union(Prot::WRITE);
+const PA: MapFlags = MapFlags::PRIVATE.union(MapFlags::ANONYMOUS);
+
+fn deferred_vm(phys_bytes: u64, cpus: usize, path: FaultPath) -> Vm {
+    Vm::new(VmConfig {
+        phys_bytes,
+        cpus,
+        prefault: false,
+        fault_path: path,
+        free_path: FreePath::Deferred,
+        ..VmConfig::default()
+    })
+    .unwrap()
+}
+
+/// Wait until the grace-period thread has emptied the deferred lists of
+/// what it can (frames still there belong to a vCPU until it takes them).
+fn settle(vm: &Vm) -> vmfault::Stats {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = vm.stats();
+        if s.deferred_pages == 0 || Instant::now() > deadline {
+            return s;
+        }
+        vm.drain_pcpu_caches();
+    }
+}
+
+#[test]
+fn munmap_waits_for_no_grace_period_and_the_frames_come_back() {
+    for path in FAULT_PATHS {
+        let vm = deferred_vm(16 << 20, 2, path);
+        let space = vm.new_space().unwrap();
+        let _cpu = vm.attach().unwrap();
+        let initial = vm.stats().free_pages;
+        let a = space.mmap(0, 64 * P, RW, PA).unwrap();
+        for p in 0..64 {
+            space.write(a + p * P, &[1]).unwrap();
+        }
+        let before = vm.stats();
+        space.munmap(a, 64 * P).unwrap();
+        let after = vm.stats();
+        // The lockless paths still wait once, to drop the VMA-index
+        // snapshots that kept the unmapped object alive (`Space::finish`);
+        // the frames themselves wait for nobody.
+        let allowed = u64::from(path != FaultPath::MapLock);
+        assert_eq!(
+            after.caller_grace_waits - before.caller_grace_waits,
+            allowed,
+            "{path:?}: grace periods munmap waited for"
+        );
+        // Counted free at once (on a deferred list or back already).
+        assert_eq!(after.free_pages, initial, "{path:?}: frames missing after munmap");
+        let s = settle(&vm);
+        assert_eq!((s.deferred_pages, s.free_pages), (0, initial), "{path:?}");
+    }
+}
+
+/// A vCPU whose frames all sit on its own deferred list, with nothing on
+/// the global list, still allocates: its cache miss takes its aged
+/// batches back, or the allocation waits for a grace period and takes
+/// everyone's before it would report ENOMEM.
+#[test]
+fn a_vcpu_that_runs_dry_gets_its_deferred_frames_back() {
+    for path in FAULT_PATHS {
+        let vm = deferred_vm(4 << 20, 1, path);
+        let space = vm.new_space().unwrap();
+        let _cpu = vm.attach().unwrap();
+        // Most of memory, mapped, written and unmapped over and over: each
+        // round needs the frames the round before freed.
+        let pages = vm.stats().free_pages * 3 / 4;
+        for round in 0..20u8 {
+            let a = space.mmap(0, pages * P, RW, PA).unwrap();
+            for p in 0..pages {
+                space
+                    .write(a + p * P, &[round])
+                    .unwrap_or_else(|e| panic!("{path:?}: round {round} page {p}: {e}\n{:#?}", vm.stats()));
+            }
+            space.munmap(a, pages * P).unwrap();
+        }
+        assert_eq!(vm.stats().fault_nomem, 0, "{path:?}");
+    }
+}
+
+/// Every vCPU maps, writes, checks and unmaps regions of its own while
+/// the page caches are drained remotely; afterwards the frames are exact.
+#[test]
+fn deferred_frees_lose_and_double_nothing_under_drains() {
+    for path in FAULT_PATHS {
+        const THREADS: usize = 4;
+        let vm = Vm::new(VmConfig {
+            phys_bytes: 32 << 20,
+            cpus: THREADS,
+            prefault: false,
+            fault_path: path,
+            free_path: FreePath::Deferred,
+            pcpu_drain_hz: 200,
+            ..VmConfig::default()
+        })
+        .unwrap();
+        let space = vm.new_space().unwrap();
+        let initial = vm.stats().free_pages;
+        let stop = Arc::new(AtomicBool::new(false));
+        let workers: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (vm, space, stop) = (vm.clone(), space.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    let _cpu = vm.attach().unwrap();
+                    let mut rounds = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        let pages = 8 + rounds % 56;
+                        let a = space.mmap(0, pages * P, RW, PA).unwrap();
+                        for p in 0..pages {
+                            if let Err(e) = space.write(a + p * P + 8 * t as u64, &[t as u8, rounds as u8, p as u8]) {
+                                panic!("{path:?}: vCPU {t} page {p}: {e}\n{:#?}", vm.stats());
+                            }
+                        }
+                        for p in 0..pages {
+                            let mut got = [0u8; 3];
+                            space.read(a + p * P + 8 * t as u64, &mut got).unwrap();
+                            assert_eq!(got, [t as u8, rounds as u8, p as u8], "{path:?}: vCPU {t} page {p}");
+                            let mut zero = [1u8; 8];
+                            space.read(a + p * P + 2048, &mut zero).unwrap();
+                            assert_eq!(zero, [0; 8], "{path:?}: a reused frame was not zeroed");
+                        }
+                        space.munmap(a, pages * P).unwrap();
+                        rounds += 1;
+                    }
+                    rounds
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_secs(2));
+        stop.store(true, Ordering::Relaxed);
+        let rounds: u64 = workers.into_iter().map(|w| w.join().unwrap()).sum();
+        let s = settle(&vm);
+        assert!(rounds > 100, "{path:?}: {rounds} rounds");
+        assert_eq!(s.free_pages, initial, "{path:?}: frames lost or doubled");
+    }
+}
