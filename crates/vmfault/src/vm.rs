@@ -534,16 +534,15 @@ fn spawn_grace_thread(m: &Arc<Machine>) -> Result<std::thread::JoinHandle<()>> {
                     // Acquire: every batch counted here took its cookie
                     // before the grace period below starts.
                     let wanted = d.requests();
-                    if wanted != served {
+                    if wanted != served || d.frames() > 0 {
                         m.rcu.synchronize();
                         served = wanted;
                         m.phys.flush_deferred(&m.rcu, false);
-                        continue;
                     }
                 }
-                // A batch queued after the load above has unparked us: the
+                // A wake after the load above has set the park token: the
                 // park returns at once.
-                std::thread::park_timeout(std::time::Duration::from_millis(200));
+                std::thread::park_timeout(crate::phys::deferred::GRACE_POLL);
             }
         })
         .map_err(|e| Error::Host { call: "spawn of the grace-period thread", errno: e.raw_os_error().unwrap_or(0) })?;

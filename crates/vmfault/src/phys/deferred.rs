@@ -4,9 +4,11 @@
 //! unlink, onto a batch list of the freeing vCPU's, instead of that vCPU
 //! waiting for a grace period itself.
 //!
-//! - A grace-period thread (`vmfault-rcu`) is woken by each batch and runs
-//!   `synchronize()` until every batch queued before it has aged; one grace
-//!   period ages all the batches queued meanwhile, by every vCPU.
+//! - A grace-period thread (`vmfault-rcu`), woken by a list that holds
+//!   `WAKE_FRAMES` frames (and every `GRACE_POLL` while any list holds
+//!   some), runs `synchronize()`; one grace period ages all the batches
+//!   queued before it, by every vCPU. Batches queued within one grace
+//!   period merge.
 //! - The owner takes its aged batches back when its page cache misses (the
 //!   frames go into its own cache, where they were freed: nothing crosses
 //!   the global list) and at its next deferred free.
@@ -32,6 +34,12 @@ use super::Pfn;
 use crate::sync::CachePadded;
 use crate::sync::rcu::{GpCookie, Rcu};
 use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Frames a list holds before a free wakes the grace-period thread.
+pub(crate) const WAKE_FRAMES: u64 = 256;
+
+/// How often the grace-period thread looks for batches nobody woke it for.
+pub(crate) const GRACE_POLL: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// Frames unlinked before `cookie` was taken.
 #[derive(Debug)]
@@ -91,16 +99,28 @@ impl Deferred {
             return;
         }
         let l = &self.lists[i];
-        {
+        let held = {
             let mut b = l.batches.lock().unwrap_or_else(|p| p.into_inner());
-            l.frames.store(l.frames.load(Ordering::Relaxed) + frames.len() as u64, Ordering::Relaxed);
-            b.push(Batch { cookie, frames });
-        }
-        // Release: the thread that sees this count (Acquire) starts its
-        // grace period after the cookie was taken.
-        self.requests.fetch_add(1, Ordering::Release);
-        if let Some(t) = self.thread.get() {
-            t.unpark();
+            let held = l.frames.load(Ordering::Relaxed) + frames.len() as u64;
+            l.frames.store(held, Ordering::Relaxed);
+            match b.last_mut() {
+                // No grace period has started since the last batch: one
+                // batch (and one allocation fewer).
+                Some(last) if last.cookie == cookie => last.frames.extend(frames),
+                _ => b.push(Batch { cookie, frames }),
+            }
+            held
+        };
+        // Waking the thread costs a system call: only for a list worth a
+        // grace period (the thread also looks every `GRACE_POLL`, and an
+        // allocation that finds nothing runs one itself).
+        if held >= WAKE_FRAMES {
+            // Release: the thread that sees this count (Acquire) starts its
+            // grace period after the cookie was taken.
+            self.requests.fetch_add(1, Ordering::Release);
+            if let Some(t) = self.thread.get() {
+                t.unpark();
+            }
         }
     }
 
@@ -182,7 +202,7 @@ mod tests {
         let mut out = Vec::new();
         d.take_aged(0, &rcu, &mut out);
         assert!(out.is_empty(), "no grace period yet");
-        assert_eq!((d.frames(), d.requests()), (2, 1));
+        assert_eq!(d.frames(), 2);
         rcu.synchronize();
         d.push(0, rcu.cookie(), vec![Pfn(3)]);
         d.push(d.unowned(), rcu.cookie(), vec![Pfn(4)]);
