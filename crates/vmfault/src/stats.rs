@@ -103,7 +103,7 @@ stats! {
         free_pages: "frames free (global free list and per-CPU caches)",
         global_free_pages: "frames on the global free list",
         pcp_pages: "frames held in per-CPU caches",
-        deferred_pages: "frames freed and waiting for a grace period on deferred lists (free_path=deferred; counted free)",
+        deferred_pages: "frames freed and waiting for their grace period on deferred lists (free_path=deferred; not yet counted free, still counted by kind)",
         pcp_remote_drains: "remote drains of the per-CPU caches that found frames",
         pcp_pages_drained: "frames drained remotely from per-CPU caches",
         daemon_wakeups: "page daemon wakeups (the global free list fell below the free target)",

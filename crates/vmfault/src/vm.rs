@@ -95,9 +95,23 @@ pub(crate) struct Ctx<'a> {
     pub(crate) own: &'a PerCpuOwned,
     /// The slot index.
     pub(crate) index: usize,
+    /// PTEs of shared mappings this operation cleared: their pages live on,
+    /// so even with `free_path=deferred` the operation waits for a grace
+    /// period before it returns (`Space::finish`).
+    shared_zaps: Cell<u64>,
 }
 
 impl Ctx<'_> {
+    /// Note `n` cleared PTEs of a shared mapping.
+    pub(crate) fn shared_zapped(&self, n: u64) {
+        self.shared_zaps.set(self.shared_zaps.get() + n);
+    }
+
+    /// Take the count of [`shared_zapped`](Ctx::shared_zapped).
+    pub(crate) fn take_shared_zaps(&self) -> u64 {
+        self.shared_zaps.replace(0)
+    }
+
     /// Count one event on this vCPU.
     #[inline]
     pub(crate) fn count(&self, c: Counter) {
@@ -182,7 +196,7 @@ fn with_ctx<R>(m: &Machine, f: impl FnOnce(&Ctx<'_>) -> R) -> R {
     let mut claim = m.cpus.claim();
     let index = claim.index();
     let (cpu, own) = claim.parts();
-    let ctx = Ctx { m, cpu, own: &*own, index };
+    let ctx = Ctx { m, cpu, own: &*own, index, shared_zaps: Cell::new(0) };
     let r = f(&ctx);
     // The grace periods this operation waited for on the caller's path.
     let waits = crate::sync::rcu::take_thread_waits();
@@ -261,7 +275,9 @@ impl Vm {
         }
         phys.set_ordered(config.frame_order == crate::config::FrameOrder::Ordered);
         if config.free_path == crate::config::FreePath::Deferred {
-            phys.set_deferred(config.cpus + 1);
+            // One list per RCU reader (the vCPU slots, the slot of threads
+            // not attached, the daemon's), then the unowned one.
+            phys.set_deferred(config.cpus + 2);
         }
         let mut readers = readers.into_iter();
         let cpus = CpuSet::new(config.cpus, |_| {
@@ -387,7 +403,7 @@ impl Vm {
         let (drains, drained) = phys.pcp_drain_stats();
         let mut s = Stats {
             total_pages: phys.total_frames(),
-            free_pages: phys.global_free_frames() + phys.pcp_frames() + phys.deferred_frames(),
+            free_pages: phys.global_free_frames() + phys.pcp_frames(),
             deferred_pages: phys.deferred_frames(),
             global_free_pages: phys.global_free_frames(),
             pcp_pages: phys.pcp_frames(),
@@ -523,7 +539,7 @@ fn spawn_grace_thread(m: &Arc<Machine>) -> Result<std::thread::JoinHandle<()>> {
     let t = std::thread::Builder::new()
         .name("vmfault-rcu".into())
         .spawn(move || {
-            let mut served = 0;
+            let (mut served, mut seen) = (0, 0);
             loop {
                 {
                     let Some(m) = weak.upgrade() else { return };
@@ -534,10 +550,14 @@ fn spawn_grace_thread(m: &Arc<Machine>) -> Result<std::thread::JoinHandle<()>> {
                     // Acquire: every batch counted here took its cookie
                     // before the grace period below starts.
                     let wanted = d.requests();
-                    if wanted != served || d.frames() > 0 {
+                    // Lists that changed since the last grace period (a
+                    // vCPU's few frames, the unowned list) get one too.
+                    let held = d.frames();
+                    if wanted != served || (held > 0 && held != seen) {
                         m.rcu.synchronize();
                         served = wanted;
                         m.phys.flush_deferred(&m.rcu, false);
+                        seen = d.frames();
                     }
                 }
                 // A wake after the load above has set the park token: the

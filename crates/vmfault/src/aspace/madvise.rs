@@ -124,6 +124,9 @@ impl Space {
                 let n = self.pmap.zap(phys, s, e, |a, pte| super::pte_cleared(ctx.m, id, a, pte));
                 ctx.count_n(Counter::pages_unmapped, n);
                 ptes += n;
+                if v.is_shared() {
+                    ctx.shared_zapped(n);
+                }
                 if !v.is_shared()
                     && let Some(o) = v.object.get()
                 {

@@ -296,12 +296,18 @@ impl Space {
     pub(crate) fn finish(&self, ctx: &Ctx<'_>, ptes: u64, frames: &[Pfn], objects_gone: bool) {
         let orphans = ctx.m.take_orphans();
         let frames = if orphans.is_empty() { frames } else { &[frames, &orphans[..]].concat() };
+        let shared = ctx.take_shared_zaps();
         if self.vm.m.phys.deferred.is_some() {
-            // free_path=deferred: no wait. The frames are reused only after
-            // their grace period; a store still in flight through a cleared
-            // PTE lands in a page that nobody reuses before it ends (narrowed
-            // PTEs had their shootdown under the map lock, and a file
-            // write-back waits for its own).
+            // free_path=deferred: the frames are reused only after their
+            // grace period, so a store still in flight through a cleared
+            // private PTE lands in a page nobody can see or reuse before it
+            // ends (narrowed PTEs had their shootdown under the map lock).
+            // Pages of shared mappings live on where others see them: for
+            // those the operation still waits, as Linux's TLB flush does.
+            if shared > 0 {
+                ctx.count(Counter::tlb_shootdowns);
+                self.vm.m.rcu.synchronize();
+            }
             ctx.frames().free_after_grace(frames);
         } else if ptes > 0 || !frames.is_empty() {
             ctx.count(Counter::tlb_shootdowns);

@@ -114,6 +114,9 @@ impl Space {
             let n = self.pmap.zap(phys, v.start, v.end, |a, pte| super::pte_cleared(ctx.m, id, a, pte));
             ctx.count_n(Counter::pages_unmapped, n);
             ptes += n;
+            if v.is_shared() {
+                ctx.shared_zapped(n);
+            }
             // A private object's pages in this range are reachable from this
             // VMA only (page offsets of private anonymous memory are unique
             // per address in a space); a shared object keeps its pages. A

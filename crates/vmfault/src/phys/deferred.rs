@@ -5,8 +5,8 @@
 //! waiting for a grace period itself.
 //!
 //! - A grace-period thread (`vmfault-rcu`), woken by a list that holds
-//!   `WAKE_FRAMES` frames (and every `GRACE_POLL` while any list holds
-//!   some), runs `synchronize()`; one grace period ages all the batches
+//!   `WAKE_FRAMES` frames (and every `GRACE_POLL` while the lists hold
+//!   some that changed since its last one), runs `synchronize()`; one grace period ages all the batches
 //!   queued before it, by every vCPU. Batches queued within one grace
 //!   period merge.
 //! - The owner takes its aged batches back when its page cache misses (the
@@ -20,8 +20,9 @@
 //!   before it drains the page caches or reports `ENOMEM`; so do
 //!   `Vm::drain_pcpu_caches` and the page daemon.
 //!
-//! Frames on these lists count as free in the statistics
-//! (`deferred_pages` shows how many).
+//! Frames on these lists are not counted free until they leave them
+//! (`deferred_pages` shows how many; their descriptors keep their kind
+//! until the grace period has passed).
 //!
 //! Each list has its own mutex, taken by its owner (uncontended) and by
 //! the rare whole-machine flush; the only line all vCPUs write is the
@@ -63,6 +64,8 @@ pub(crate) struct Deferred {
     /// a page cache: an allocation that finds nothing anywhere waits for
     /// them before it reports `ENOMEM` (their mover may be preempted).
     transit: AtomicU64,
+    /// `[a]` placements of frames in transit so far.
+    placements: AtomicU64,
     /// `[a]` batches queued so far: the grace-period thread runs one more
     /// grace period whenever it has not served them all.
     requests: AtomicU64,
@@ -76,6 +79,7 @@ impl Deferred {
         Deferred {
             lists: (0..=slots).map(|_| CachePadded(List::default())).collect(),
             transit: AtomicU64::new(0),
+            placements: AtomicU64::new(0),
             requests: AtomicU64::new(0),
             thread: std::sync::OnceLock::new(),
         }
@@ -130,12 +134,14 @@ impl Deferred {
     }
 
     /// Move the frames of list `i`'s batches whose grace period has
-    /// elapsed to `out`, in transit until the caller reports them
-    /// [`placed`](Deferred::placed). Cheap when the list is empty (one load).
-    pub(crate) fn take_aged(&self, i: usize, rcu: &Rcu, out: &mut Vec<Pfn>) {
+    /// elapsed to `out`; they are in transit until the guard returned is
+    /// dropped, which the caller does once they are on the global list or
+    /// in a page cache whose length a drain can see (after `local`
+    /// returns). Cheap when the list is empty (one load).
+    pub(crate) fn take_aged(&self, i: usize, rcu: &Rcu, out: &mut Vec<Pfn>) -> InTransit<'_> {
         let l = &self.lists[i];
         if l.frames.load(Ordering::Relaxed) == 0 {
-            return;
+            return InTransit { d: self, n: 0 };
         }
         let mut b = l.batches.lock().unwrap_or_else(|p| p.into_inner());
         // Oldest first: the first batch that has not aged ends the run.
@@ -151,14 +157,13 @@ impl Deferred {
             self.transit.fetch_add(n, Ordering::AcqRel);
             l.frames.store(l.frames.load(Ordering::Relaxed) - n, Ordering::Relaxed);
         }
+        InTransit { d: self, n }
     }
 
-    /// `n` frames taken by `take_aged` are on the global list or in a
-    /// page cache now.
-    pub(crate) fn placed(&self, n: usize) {
-        if n > 0 {
-            self.transit.fetch_sub(n as u64, Ordering::AcqRel);
-        }
+    /// Placements of frames in transit so far: an allocation that found
+    /// nothing looks again if this moved while it looked.
+    pub(crate) fn placements(&self) -> u64 {
+        self.placements.load(Ordering::Acquire)
     }
 
     /// Frames taken off the lists and not yet placed (a snapshot).
@@ -166,11 +171,14 @@ impl Deferred {
         self.transit.load(Ordering::Acquire)
     }
 
-    /// Every list's aged frames, to `out`.
-    pub(crate) fn take_all_aged(&self, rcu: &Rcu, out: &mut Vec<Pfn>) {
+    /// Every list's aged frames, to `out` (in transit until the guard goes).
+    pub(crate) fn take_all_aged(&self, rcu: &Rcu, out: &mut Vec<Pfn>) -> InTransit<'_> {
+        let mut all = InTransit { d: self, n: 0 };
         for i in 0..self.lists.len() {
-            self.take_aged(i, rcu, out);
+            let mut t = self.take_aged(i, rcu, out);
+            all.n += std::mem::take(&mut t.n);
         }
+        all
     }
 
     /// Frames waiting in every list (a snapshot).
@@ -181,6 +189,23 @@ impl Deferred {
     /// Frames waiting or in transit (a snapshot, for the statistics).
     pub(crate) fn held(&self) -> u64 {
         self.frames() + self.in_transit()
+    }
+}
+
+/// Frames taken off a deferred list and not yet placed; dropping it
+/// reports them placed (also on a panic: nothing waits for them forever).
+#[must_use = "frames stay in transit until the guard is dropped"]
+pub(crate) struct InTransit<'a> {
+    d: &'a Deferred,
+    n: u64,
+}
+
+impl Drop for InTransit<'_> {
+    fn drop(&mut self) {
+        if self.n > 0 {
+            self.d.placements.fetch_add(1, Ordering::AcqRel);
+            self.d.transit.fetch_sub(self.n, Ordering::AcqRel);
+        }
     }
 }
 
@@ -200,21 +225,23 @@ mod tests {
         let d = Deferred::new(1);
         d.push(0, rcu.cookie(), vec![Pfn(1), Pfn(2)]);
         let mut out = Vec::new();
-        d.take_aged(0, &rcu, &mut out);
+        drop(d.take_aged(0, &rcu, &mut out));
         assert!(out.is_empty(), "no grace period yet");
         assert_eq!(d.frames(), 2);
         rcu.synchronize();
         d.push(0, rcu.cookie(), vec![Pfn(3)]);
         d.push(d.unowned(), rcu.cookie(), vec![Pfn(4)]);
-        d.take_aged(0, &rcu, &mut out);
+        let moving = d.take_aged(0, &rcu, &mut out);
         assert_eq!(out, [Pfn(1), Pfn(2)], "only the batch queued before the grace period");
-        assert_eq!((d.in_transit(), d.held()), (2, 4));
-        d.placed(2);
+        assert_eq!((d.in_transit(), d.held(), d.placements()), (2, 4, 0));
+        drop(moving);
+        assert_eq!((d.in_transit(), d.placements()), (0, 1));
         rcu.synchronize();
         out.clear();
-        d.take_all_aged(&rcu, &mut out);
+        let moving = d.take_all_aged(&rcu, &mut out);
         assert_eq!(out, [Pfn(3), Pfn(4)]);
-        d.placed(2);
+        assert_eq!(d.in_transit(), 2);
+        drop(moving);
         assert_eq!(d.held(), 0);
     }
 }

@@ -234,17 +234,17 @@ impl PhysMem {
     pub(crate) fn flush_deferred(&self, rcu: &Rcu, all: bool) -> usize {
         let Some(d) = &self.deferred else { return 0 };
         let mut frames = Vec::new();
-        if all {
+        let moving = if all {
             if d.frames() == 0 {
                 return 0;
             }
             rcu.synchronize();
-            d.take_all_aged(rcu, &mut frames);
+            d.take_all_aged(rcu, &mut frames)
         } else {
-            d.take_aged(d.unowned(), rcu, &mut frames);
-        }
+            d.take_aged(d.unowned(), rcu, &mut frames)
+        };
         self.give_aged(&frames);
-        d.placed(frames.len());
+        drop(moving);
         frames.len()
     }
 

@@ -80,7 +80,10 @@ impl<'a> Frames<'a> {
         let (Some(cpu), Some(pcp)) = (&self.cpu, &phys.pcp) else {
             return phys.free.take_one(&phys.pages);
         };
-        pcp.local(cpu.rcu, cpu.reader, |m| {
+        // Frames taken off this vCPU's deferred list stay in transit until
+        // `local` has published the magazine's new length (a drain reads it).
+        let mut moving = None;
+        let got = pcp.local(cpu.rcu, cpu.reader, |m| {
             if let Some(p) = m.pop() {
                 cpu.counters.inc(Counter::pcp_hit);
                 return Some(p);
@@ -90,10 +93,9 @@ impl<'a> Frames<'a> {
             // has ended come back here first (nothing crosses the global list).
             if let Some(d) = &phys.deferred {
                 let mut aged = Vec::new();
-                d.take_aged(cpu.reader.index(), cpu.rcu, &mut aged);
+                moving = Some(d.take_aged(cpu.reader.index(), cpu.rcu, &mut aged));
                 if !aged.is_empty() {
                     self.stash(m, &aged);
-                    d.placed(aged.len());
                     if let Some(p) = m.pop() {
                         return Some(p);
                     }
@@ -108,7 +110,9 @@ impl<'a> Frames<'a> {
                 phys.doorbell.ring();
             }
             m.pop()
-        })
+        });
+        drop(moving);
+        got
     }
 
     /// Allocate a frame; when no frame is free on the global list, drain
@@ -127,6 +131,7 @@ impl<'a> Frames<'a> {
             return Some(OwnedFrame(Pfn(p)));
         }
         let cpu = self.cpu.as_ref().filter(|c| !c.reader.in_section())?;
+        let mut placements = self.phys.deferred.as_ref().map_or(0, |d| d.placements());
         // Even a drain that found nothing may find frames a concurrent
         // drain (the daemon's) had taken out of the caches: it waited for it.
         self.phys.drain_pcpu(cpu.rcu);
@@ -134,10 +139,12 @@ impl<'a> Frames<'a> {
             return Some(OwnedFrame(Pfn(p)));
         }
         // free_path=deferred: frames another thread has taken off a
-        // deferred list and not yet placed (it may be preempted) are not
-        // gone: wait for them before reporting that nothing is free.
+        // deferred list and not yet placed (it may be preempted), or placed
+        // while this drain looked elsewhere, are not gone: look again until
+        // a whole drain saw none in flight.
         if let Some(d) = &self.phys.deferred {
-            while d.in_transit() > 0 {
+            while d.in_transit() > 0 || d.placements() != placements {
+                placements = d.placements();
                 std::thread::yield_now();
                 self.phys.drain_pcpu(cpu.rcu);
                 if let Some(p) = self.alloc_once() {
@@ -219,11 +226,11 @@ impl<'a> Frames<'a> {
             // before and has aged since comes back first.
             let me = cpu.reader.index();
             let mut aged = Vec::new();
-            d.take_aged(me, cpu.rcu, &mut aged);
+            let moving = d.take_aged(me, cpu.rcu, &mut aged);
             if !aged.is_empty() {
                 pcp.local(cpu.rcu, cpu.reader, |m| self.stash(m, &aged));
-                d.placed(aged.len());
             }
+            drop(moving);
             d.push(me, cpu.rcu.cookie(), frames.to_vec());
             return;
         }

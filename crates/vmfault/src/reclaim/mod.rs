@@ -234,7 +234,15 @@ fn run_once(m: &Machine, reader: &RcuReader, bury: &mut dyn FnMut(&mut Grave)) {
             }
             if r.freed == 0 && r.in_flight > 0 {
                 // Frames on their way back (a munmap's grace period): let
-                // their owners run rather than count them as stuck.
+                // their owners run rather than count them as stuck. With
+                // free_path=deferred they may wait on a deferred list until
+                // their vCPU next misses: take them all now.
+                if m.phys.deferred.is_some() {
+                    freed += m.phys.drain_pcpu(&m.rcu) as u64;
+                }
+                if bell.stopping.load(Ordering::Acquire) {
+                    break;
+                }
                 std::thread::sleep(Duration::from_micros(50));
             }
         }
