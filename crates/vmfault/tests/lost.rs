@@ -40,6 +40,21 @@ fn next(x: &mut u64) -> u64 {
     *x
 }
 
+/// A vCPU that forks `space` and drops the child until `stop`; joins to
+/// the number of forks.
+fn fork_until(vm: &Vm, space: &vmfault::AddressSpace, stop: &Arc<AtomicBool>) -> std::thread::JoinHandle<u64> {
+    let (vm, space, stop) = (vm.clone(), space.clone(), stop.clone());
+    std::thread::spawn(move || {
+        let _cpu = vm.attach().unwrap();
+        let mut n = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            drop(space.fork().unwrap());
+            n += 1;
+        }
+        n
+    })
+}
+
 /// How long the stress tests run, per fault path
 /// (`VMFAULT_LOST_SECS`, default 2 s).
 fn stress_time() -> Duration {
@@ -193,20 +208,8 @@ fn shared_file_pages_survive_forks_and_pageout() {
         // (copy-on-write), swap (twice memory) holds them all.
         let anon = space.mmap(0, PHYS / 2 * P, RW, MapFlags::PRIVATE | MapFlags::ANONYMOUS).unwrap();
         let stop = Arc::new(AtomicBool::new(false));
-        let forker = {
-            let (vm, space, stop) = (vm.clone(), space.clone(), stop.clone());
-            std::thread::spawn(move || {
-                let _cpu = vm.attach().unwrap();
-                let mut n = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    // The child's end writes back what its shared file
-                    // mapping holds dirty.
-                    drop(space.fork().unwrap());
-                    n += 1;
-                }
-                n
-            })
-        };
+        // The child's end writes back what its shared file mapping holds dirty.
+        let forker = fork_until(&vm, &space, &stop);
         let presser = {
             let (vm, space, stop) = (vm.clone(), space.clone(), stop.clone());
             std::thread::spawn(move || {
@@ -297,18 +300,7 @@ fn stores_racing_a_fork_are_not_lost() {
         let space = vm.new_space().unwrap();
         let a = space.mmap(0, PAGES * P, RW, MapFlags::PRIVATE | MapFlags::ANONYMOUS).unwrap();
         let stop = Arc::new(AtomicBool::new(false));
-        let forker = {
-            let (vm, space, stop) = (vm.clone(), space.clone(), stop.clone());
-            std::thread::spawn(move || {
-                let _cpu = vm.attach().unwrap();
-                let mut n = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    drop(space.fork().unwrap());
-                    n += 1;
-                }
-                n
-            })
-        };
+        let forker = fork_until(&vm, &space, &stop);
         let workers: Vec<_> = (0..storers as u64)
             .map(|t| {
                 let (vm, space, stop) = (vm.clone(), space.clone(), stop.clone());
