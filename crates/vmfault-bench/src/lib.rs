@@ -408,6 +408,7 @@ mod tests {
                 "ops_per_sec",
                 "faults_per_sec",
                 "per_fault",
+                "per_op",
                 "counters",
                 "rounds",
             ] {
@@ -422,6 +423,10 @@ mod tests {
                 && pf1.host_ratio.is_some()
                 && pf1.zero_fill_fraction.is_some()
         );
+        // A fresh Vm per point: page_fault1's first allocations run through
+        // an unscrambled free list.
+        assert!(pf1.frame_adjacency.is_some_and(|a| a > 0.0), "{:?}", pf1.frame_adjacency);
+        assert!(pf1.per_op["frame_allocs"] > 0.0);
     }
 
     #[test]
