@@ -6,7 +6,7 @@
 mod common;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::FAULT_PATHS;
@@ -135,9 +135,10 @@ fn deferred_frees_lose_and_double_nothing_under_drains() {
         let space = vm.new_space().unwrap();
         let initial = vm.stats().free_pages;
         let stop = Arc::new(AtomicBool::new(false));
+        let done = Arc::new(AtomicU64::new(0));
         let workers: Vec<_> = (0..THREADS)
             .map(|t| {
-                let (vm, space, stop) = (vm.clone(), space.clone(), stop.clone());
+                let (vm, space, stop, done) = (vm.clone(), space.clone(), stop.clone(), done.clone());
                 std::thread::spawn(move || {
                     let _cpu = vm.attach().unwrap();
                     let mut rounds = 0u64;
@@ -159,12 +160,17 @@ fn deferred_frees_lose_and_double_nothing_under_drains() {
                         }
                         space.munmap(a, pages * P).unwrap();
                         rounds += 1;
+                        done.fetch_add(1, Ordering::Relaxed);
                     }
                     rounds
                 })
             })
             .collect();
         std::thread::sleep(Duration::from_secs(2));
+        // However slow the machine: enough rounds to have raced the drains.
+        while done.load(Ordering::Relaxed) <= 100 && !workers.iter().any(|w| w.is_finished()) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         stop.store(true, Ordering::Relaxed);
         let rounds: u64 = workers.into_iter().map(|w| w.join().unwrap()).sum();
         let s = settle(&vm);

@@ -4,7 +4,7 @@
 mod common;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::FAULT_PATHS;
@@ -40,19 +40,33 @@ fn next(x: &mut u64) -> u64 {
     *x
 }
 
-/// A vCPU that forks `space` and drops the child until `stop`; joins to
-/// the number of forks.
-fn fork_until(vm: &Vm, space: &vmfault::AddressSpace, stop: &Arc<AtomicBool>) -> std::thread::JoinHandle<u64> {
+/// A vCPU that forks `space` and drops the child until `stop`, counting
+/// its forks.
+fn fork_until(
+    vm: &Vm,
+    space: &vmfault::AddressSpace,
+    stop: &Arc<AtomicBool>,
+) -> (std::thread::JoinHandle<()>, Arc<AtomicU64>) {
     let (vm, space, stop) = (vm.clone(), space.clone(), stop.clone());
-    std::thread::spawn(move || {
+    let forks = Arc::new(AtomicU64::new(0));
+    let n = forks.clone();
+    let t = std::thread::spawn(move || {
         let _cpu = vm.attach().unwrap();
-        let mut n = 0u64;
         while !stop.load(Ordering::Relaxed) {
             drop(space.fork().unwrap());
-            n += 1;
+            n.fetch_add(1, Ordering::Relaxed);
         }
-        n
-    })
+    });
+    (t, forks)
+}
+
+/// Wait until `count` reaches `n` or `gave_up` says its counter stopped
+/// (a thread ended): a race test runs until it has raced enough, however
+/// slow the machine, instead of asserting a rate.
+fn wait_for(count: &AtomicU64, n: u64, gave_up: impl Fn() -> bool) {
+    while count.load(Ordering::Relaxed) < n && !gave_up() {
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 /// How long the stress tests run, per fault path
@@ -209,7 +223,7 @@ fn shared_file_pages_survive_forks_and_pageout() {
         let anon = space.mmap(0, PHYS / 2 * P, RW, MapFlags::PRIVATE | MapFlags::ANONYMOUS).unwrap();
         let stop = Arc::new(AtomicBool::new(false));
         // The child's end writes back what its shared file mapping holds dirty.
-        let forker = fork_until(&vm, &space, &stop);
+        let (forker, forks) = fork_until(&vm, &space, &stop);
         let presser = {
             let (vm, space, stop) = (vm.clone(), space.clone(), stop.clone());
             std::thread::spawn(move || {
@@ -246,8 +260,10 @@ fn shared_file_pages_survive_forks_and_pageout() {
                 assert!(page == want, "{path:?}: page {q} of the file lost its contents after {i} stores");
             }
         }
+        wait_for(&forks, 11, || forker.is_finished());
         stop.store(true, Ordering::Relaxed);
-        let forks = forker.join().unwrap();
+        forker.join().unwrap();
+        let forks = forks.load(Ordering::Relaxed);
         presser.join().unwrap();
         space.msync(shared, PAGES * P).unwrap();
         for q in 0..PAGES {
@@ -300,10 +316,11 @@ fn stores_racing_a_fork_are_not_lost() {
         let space = vm.new_space().unwrap();
         let a = space.mmap(0, PAGES * P, RW, MapFlags::PRIVATE | MapFlags::ANONYMOUS).unwrap();
         let stop = Arc::new(AtomicBool::new(false));
-        let forker = fork_until(&vm, &space, &stop);
+        let (forker, forks) = fork_until(&vm, &space, &stop);
+        let stored = Arc::new(AtomicU64::new(0));
         let workers: Vec<_> = (0..storers as u64)
             .map(|t| {
-                let (vm, space, stop) = (vm.clone(), space.clone(), stop.clone());
+                let (vm, space, stop, stored) = (vm.clone(), space.clone(), stop.clone(), stored.clone());
                 std::thread::spawn(move || {
                     let _cpu = vm.attach().unwrap();
                     let mut x = t + 3;
@@ -316,15 +333,20 @@ fn stores_racing_a_fork_are_not_lost() {
                         space.read(slot, &mut back).unwrap();
                         let back = u64::from_le_bytes(back);
                         assert_eq!(back, i, "{path:?}: vCPU {t} stored {i} and read back {back}: a store was lost");
+                        stored.fetch_add(1, Ordering::Relaxed);
                     }
                     i
                 })
             })
             .collect();
         std::thread::sleep(stress_time());
+        let ended = || forker.is_finished() || workers.iter().any(|w| w.is_finished());
+        wait_for(&forks, 11, ended);
+        wait_for(&stored, 1001, ended);
         stop.store(true, Ordering::Relaxed);
         let stores: u64 = workers.into_iter().map(|w| w.join().unwrap()).sum();
-        let forks = forker.join().unwrap();
+        forker.join().unwrap();
+        let forks = forks.load(Ordering::Relaxed);
         assert!(forks > 10 && stores > 1000, "{path:?}: {forks} forks, {stores} stores");
     }
 }

@@ -92,13 +92,9 @@ impl<'a> Frames<'a> {
             // free_path=deferred: this vCPU's own frees whose grace period
             // has ended come back here first (nothing crosses the global list).
             if let Some(d) = &phys.deferred {
-                let mut aged = Vec::new();
-                moving = Some(d.take_aged(cpu.reader.index(), cpu.rcu, &mut aged));
-                if !aged.is_empty() {
-                    self.stash(m, &aged);
-                    if let Some(p) = m.pop() {
-                        return Some(p);
-                    }
+                moving = Some(self.take_back(m, d));
+                if let Some(p) = m.pop() {
+                    return Some(p);
                 }
             }
             // The stack's top (the most recently freed, warmest frame) must
@@ -224,20 +220,29 @@ impl<'a> Frames<'a> {
         if let Some(d) = &phys.deferred {
             // free_path=deferred: no wait here. What this vCPU queued
             // before and has aged since comes back first.
-            let me = cpu.reader.index();
-            let mut aged = Vec::new();
-            let moving = d.take_aged(me, cpu.rcu, &mut aged);
-            if !aged.is_empty() {
-                pcp.local(cpu.rcu, cpu.reader, |m| self.stash(m, &aged));
-            }
+            let moving = pcp.local(cpu.rcu, cpu.reader, |m| self.take_back(m, d));
             drop(moving);
-            d.push(me, cpu.rcu.cookie(), frames.to_vec());
+            d.push(cpu.reader.index(), cpu.rcu.cookie(), frames.to_vec());
             return;
         }
         cpu.rcu.synchronize();
         // One section for the split and the fill: a remote drain between
         // them would swap in a magazine with less room.
         pcp.local(cpu.rcu, cpu.reader, |m| self.stash(m, frames));
+    }
+
+    /// Take this vCPU's aged deferred batches back into its magazine `m`
+    /// (inside its `local` call). The frames stay in transit until the
+    /// guard returned is dropped, after `local` has published the
+    /// magazine's length (a drain reads it).
+    fn take_back<'d>(&self, m: &mut Magazine<u32>, d: &'d super::deferred::Deferred) -> super::deferred::InTransit<'d> {
+        let cpu = self.cpu.as_ref().expect("a vCPU's own deferred list");
+        let mut aged = Vec::new();
+        let moving = d.take_aged(cpu.reader.index(), cpu.rcu, &mut aged);
+        if !aged.is_empty() {
+            self.stash(m, &aged);
+        }
+        moving
     }
 
     /// Put `frames`, past their grace period, into magazine `m` (the
