@@ -22,12 +22,22 @@
 //! (`Rcu::wait_unpinned`). With `--cfg vmfault_mutation="vma_retire_no_wait"`
 //! (no wait) or `rcu_pin_late` (the pin published after the section's
 //! entry fence, so not ordered before the lookup) that model fails.
+//!
+//! The software MMU walks the page table before the speculative fault
+//! reads the VMA snapshot, and the fault goes on from that walk. A walk
+//! made before the snapshot read can reach a table that munmap then
+//! pruned, while the snapshot shows a new VMA mapped over the range since:
+//! the re-check under the PTE lock passes (the new VMA is live), and the
+//! PTE would go into a detached table. The page table's prune count
+//! (`sync::generation`) makes the fault walk again; with `--cfg
+//! vmfault_mutation="generation_unchecked"` that model fails.
 #![cfg(loom)]
 
 use loom::cell::UnsafeCell;
 use loom::sync::Arc;
 use loom::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use loom::thread;
+use vmfault::sync::generation::Generation;
 use vmfault::sync::rcu::{Rcu, RcuBox};
 use vmfault::sync::spin;
 use vmfault::sync::vma_state::VmaState;
@@ -181,5 +191,64 @@ fn model_with(writer_pte: fn(u64) -> u64, path: Path) {
         let left = pte.load(Ordering::Relaxed);
         assert_eq!(left & WRITABLE, 0, "a writable PTE survived the change of its VMA");
         assert_eq!(left, writer_pte(left), "a PTE was installed into a removed or changed VMA");
+    });
+}
+
+#[test]
+#[cfg_attr(vmfault_mutation = "generation_unchecked", should_panic(expected = "installed into a pruned page table"))]
+fn fault_from_an_earlier_walk_never_installs_into_a_pruned_table() {
+    loom::model(|| {
+        let (rcu, mut readers) = Rcu::new(2);
+        let rcu = Arc::new(rcu);
+        let live = || Some(Arc::new(Vma { state: VmaState::new(), fields: Fields(UnsafeCell::new(7)) }));
+        let index = Arc::new(RcuBox::new(live()));
+        // The upper-level entry that holds the leaf table (1: attached),
+        // the leaf's PTE lock and its one PTE, and the prune count.
+        let pmd = Arc::new(AtomicU64::new(1));
+        let ptl = Arc::new(AtomicU32::new(0));
+        let pte = Arc::new(AtomicU64::new(0));
+        let prunes = Arc::new(Generation::new());
+        let r1 = readers.pop().unwrap();
+
+        let faulter = {
+            let (rcu, index, pmd, ptl, pte, prunes) =
+                (rcu.clone(), index.clone(), pmd.clone(), ptl.clone(), pte.clone(), prunes.clone());
+            thread::spawn(move || {
+                let section = rcu.read_lock(&r1);
+                // The software MMU's lookup: stamp, walk (the PTE is empty).
+                let stamp = prunes.stamp();
+                let walked = pmd.load(Ordering::Acquire);
+                // The speculative fault: the snapshot, then the walk again
+                // only if a prune was counted since (`Pmap::pte_after`).
+                let Some(vma) = index.read(&section).as_deref() else { return };
+                let leaf = if prunes.unchanged(stamp) { walked } else { pmd.load(Ordering::Acquire) };
+                if leaf == 0 {
+                    return;
+                }
+                speculative_fault(vma, &ptl, &pte);
+            })
+        };
+
+        // munmap under the map lock: retire, unpublish, zap, prune (detach,
+        // then count); then an mmap of the same range publishes a new VMA.
+        let r0 = readers.pop().unwrap();
+        let current = {
+            let g = rcu.read_lock(&r0);
+            index.read(&g).clone()
+        };
+        current.as_ref().expect("mapped").state.retire();
+        drop(current);
+        let old = index.replace(&rcu, None);
+        {
+            let (_guard, _) = spin::lock(&ptl);
+            pte.store(0, Ordering::Relaxed);
+        }
+        pmd.store(0, Ordering::Release);
+        prunes.bump();
+        let gone = index.replace(&rcu, live());
+        let mut retired = vec![old, gone];
+        drop(rcu.reclaim(&mut retired, true));
+        faulter.join().unwrap();
+        assert_eq!(pte.load(Ordering::Relaxed), 0, "a PTE was installed into a pruned page table");
     });
 }

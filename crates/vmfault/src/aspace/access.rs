@@ -88,23 +88,21 @@ impl Space {
             }
             let off = (a % PAGE_SIZE) as usize;
             let n = (PAGE_SIZE as usize - off).min(len - done);
-            let hit = {
-                let _rcu = ctx.rcu_read();
-                match self.pmap.translate(phys, a, access) {
-                    Some(pfn) => {
-                        if phys.queues.is_some() {
-                            // The accessed bit a real MMU would set: the
-                            // page daemon's reference mark (`phys::queues`).
-                            phys.page(pfn).touch();
-                        }
-                        copy(pfn, off, done, n);
-                        true
+            let section = ctx.rcu_read();
+            match self.pmap.lookup(phys, a, access) {
+                Ok(pfn) => {
+                    if phys.queues.is_some() {
+                        // The accessed bit a real MMU would set: the page
+                        // daemon's reference mark (`phys::queues`).
+                        phys.page(pfn).touch();
                     }
-                    None => false,
+                    copy(pfn, off, done, n);
                 }
-            };
-            if !hit {
-                fault::handle(ctx, self, op, a, access, |pfn| copy(pfn, off, done, n))?;
+                Err(missed) => {
+                    // The fault goes on in this section (or ends it first).
+                    let looked = Some(fault::Looked { section, missed });
+                    fault::handle_looked(ctx, self, op, a, access, looked, |pfn| copy(pfn, off, done, n))?;
+                }
             }
             done += n;
         }

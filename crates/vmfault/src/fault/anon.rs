@@ -31,7 +31,7 @@ use crate::aspace::Space;
 use crate::aspace::vma::{Vma, VmaFlags, VmaTree};
 use crate::config::Rmap;
 use crate::error::{Error, Result};
-use crate::object::{Found, Insert, Object, Pv};
+use crate::object::{Found, Insert, Object, Pv, Slot};
 use crate::phys::{Frames, OwnedFrame, Pfn};
 use crate::pmap::{Leaf, Pmap, Pte};
 use crate::stats::Counter;
@@ -112,7 +112,7 @@ pub(super) fn resolve_stable(
     // (So the frame for it is not filled here: zeroing it too would double
     // the cost of a copy-on-write fault.)
     let copy_below = matches!(found, Found::Below(_)) && fault.access == Access::Write;
-    let fresh = new_page(ctx, &frames, vma, object, pindex, found, &fault).map_err(|lack| {
+    let fresh = new_page(ctx, &frames, vma, object, pindex, found, &fault, None).map_err(|lack| {
         if lack == Lack::Frame {
             ctx.count(Counter::fault_nomem);
         }
@@ -125,21 +125,19 @@ pub(super) fn resolve_stable(
     if matches!(now, Found::Swapped { .. } | Found::Uncached) {
         // Paged out (or a file page evicted) since the first lookup: read
         // it in again. Never take it for untouched memory (the zero page).
-        if let Some(frame) = fresh {
-            frames.free_owned(frame);
-        }
+        discard(&frames, fresh);
         return Ok(Resolved::Retry);
     }
     let (existing, below) = split(now);
     if copy_below
         && existing.is_none()
-        && let Some(frame) = fresh.as_mut()
+        && let Some(new) = fresh.as_mut()
     {
         match below {
-            Some(src) => phys.copy_into(frame, src),
+            Some(src) => phys.copy_into(&mut new.frame, src),
             None => {
                 // The page below went meanwhile (paged out): look again.
-                frames.free_owned(fresh.take().expect("checked"));
+                discard(&frames, fresh);
                 return Ok(Resolved::Retry);
             }
         }
@@ -179,6 +177,22 @@ impl Drop for ReadIn<'_> {
     }
 }
 
+/// A fault's new page and the slot of its object's index reserved for it.
+pub(super) struct Fresh<'p> {
+    /// The frame (zeroed, or a copy of the page below, before any lock).
+    pub(super) frame: OwnedFrame,
+    /// Where it goes in the object (no second walk to insert it).
+    pub(super) slot: Slot<'p>,
+}
+
+/// Free a new page that was not used (the reserved slot stays: empty
+/// index slots are normal, and teardown frees the nodes).
+pub(super) fn discard(frames: &Frames<'_>, fresh: Option<Fresh<'_>>) {
+    if let Some(f) = fresh {
+        frames.free_owned(f.frame);
+    }
+}
+
 /// What a fault could not get for its new page.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Lack {
@@ -206,16 +220,19 @@ impl Lack {
 /// that maps the zero page; else a frame with its index slot reserved, to
 /// be zeroed, or for a write over a page below, to be a copy of it
 /// (copy-on-write). `found` is where the chain had the page when the
-/// caller looked.
-pub(super) fn new_page(
+/// caller looked; `slot`, the object's slot for `pindex` if the caller
+/// has reserved it already.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn new_page<'p>(
     ctx: &Ctx<'_>,
-    frames: &Frames<'_>,
+    frames: &Frames<'p>,
     vma: &Vma,
     object: Option<&Arc<Object>>,
     pindex: u64,
     found: Found,
     fault: &Fault,
-) -> Result<Option<OwnedFrame>, Lack> {
+    slot: Option<Slot<'p>>,
+) -> Result<Option<Fresh<'p>>, Lack> {
     let write = fault.access == Access::Write;
     let needed = match found {
         Found::Own(_) => false,
@@ -228,17 +245,21 @@ pub(super) fn new_page(
         return Ok(None);
     }
     let o = object.expect("allocating faults have an object");
-    o.reserve(frames, pindex).map_err(|_| Lack::Index)?;
-    frames.alloc().ok_or(Lack::Frame).map(Some)
+    let slot = match slot {
+        Some(s) => s,
+        None => o.reserve(frames, pindex).map_err(|_| Lack::Index)?,
+    };
+    let frame = frames.alloc().ok_or(Lack::Frame)?;
+    Ok(Some(Fresh { frame, slot }))
 }
 
 /// Fill the frame of [`new_page`] (the bulk of a fault's work): a copy of
 /// the page below that `found` names, else zeros.
-pub(super) fn filled(frames: &Frames<'_>, mut fresh: Option<OwnedFrame>, found: Found) -> Option<OwnedFrame> {
-    if let Some(frame) = fresh.as_mut() {
+pub(super) fn filled<'p>(frames: &Frames<'_>, mut fresh: Option<Fresh<'p>>, found: Found) -> Option<Fresh<'p>> {
+    if let Some(new) = fresh.as_mut() {
         match found {
-            Found::Below(src) => frames.phys().copy_into(frame, src),
-            _ => frames.phys().zero(frame),
+            Found::Below(src) => frames.phys().copy_into(&mut new.frame, src),
+            _ => frames.phys().zero(&mut new.frame),
         }
     }
     fresh
@@ -267,8 +288,8 @@ pub(super) struct Commit<'a> {
     /// only if it is `Found::Zero` (untouched memory).
     pub(super) found: Found,
     /// A new page, if the fault may allocate and found none of its own:
-    /// zeroed, or a copy of `below` for a write.
-    pub(super) fresh: Option<OwnedFrame>,
+    /// zeroed, or a copy of `below` for a write, with its index slot.
+    pub(super) fresh: Option<Fresh<'a>>,
 }
 
 /// The part of every fault path that runs under the PTE lock: re-check the
@@ -294,33 +315,22 @@ pub(super) fn commit_locked(
     let (existing, below) = split(c.found);
     let cur = Pte(leaf.entry.load(Ordering::Relaxed));
     if cur.allows(fault.access) {
-        if let Some(frame) = c.fresh {
-            frames.free_owned(frame);
-        }
+        discard(frames, c.fresh);
         f(cur.pfn());
         return Ok(Resolved::Raced);
     }
     let (pfn, resolved) = match (existing, c.fresh) {
         (Some(p), fresh) => {
-            if let Some(frame) = fresh {
-                frames.free_owned(frame);
-            }
+            discard(frames, fresh);
             (p, if cur.is_present() { Resolved::Upgraded } else { Resolved::Mapped })
         }
-        (None, Some(frame)) => {
-            match c.object.expect("allocating faults have an object").insert(frames, c.pindex, frame) {
-                Ok(Insert::Ours(p)) if below.is_some() => (p, Resolved::Copied),
-                Ok(Insert::Ours(p)) => (p, Resolved::ZeroFill),
-                Ok(Insert::Theirs(p)) => (p, Resolved::Mapped),
-                // Paged out since the lookup: read it in again.
-                Ok(Insert::Swapped) => return Ok(Resolved::Retry),
-                Err((_, frame)) => {
-                    frames.free_owned(frame);
-                    ctx.count(Counter::fault_nomem);
-                    return Err(Error::NoMemory { op: fault.op, what: "an object's page-index node" });
-                }
-            }
-        }
+        (None, Some(new)) => match c.object.expect("allocating faults have an object").insert(frames, new.slot, new.frame) {
+            Insert::Ours(p) if below.is_some() => (p, Resolved::Copied),
+            Insert::Ours(p) => (p, Resolved::ZeroFill),
+            Insert::Theirs(p) => (p, Resolved::Mapped),
+            // Paged out since the lookup: read it in again.
+            Insert::Swapped => return Ok(Resolved::Retry),
+        },
         // A read of a page an object below holds (shared, read-only), or
         // of untouched private memory (a page that was resident cannot
         // vanish from a stable VMA, so only a fault that may not allocate

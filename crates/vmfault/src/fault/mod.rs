@@ -47,7 +47,9 @@ use crate::aspace::Space;
 use crate::config::FaultPath;
 use crate::error::{Error, Op, Result, SegvCode};
 use crate::phys::Pfn;
+use crate::pmap::Missed;
 use crate::stats::Counter;
+use crate::sync::rcu::RcuReadGuard;
 use crate::types::Access;
 use crate::vm::Ctx;
 
@@ -157,28 +159,49 @@ pub(crate) fn prepare_object_locked(
     anon::prepare(ctx, space, map, vma).map(|_| ())
 }
 
+/// A fault as the software MMU found it: the RCU section its lookup ran
+/// in, still open, and what the lookup walked to. The speculative path
+/// goes on inside that section, from there; the others end it first.
+pub(crate) struct Looked<'c> {
+    /// The lookup's section.
+    pub(crate) section: RcuReadGuard<'c>,
+    /// Its walk.
+    pub(crate) missed: Missed<'c>,
+}
+
 /// Handle a fault at `addr` for `access`; on success call `f` with the
 /// frame backing `addr`, inside an RCU read-side section (see module docs).
 ///
 /// Must be called outside any RCU read-side section of this vCPU.
-pub(crate) fn handle(
+pub(crate) fn handle(ctx: &Ctx<'_>, space: &Space, op: Op, addr: u64, access: Access, f: impl FnMut(Pfn)) -> Result<()> {
+    handle_looked(ctx, space, op, addr, access, None, f)
+}
+
+/// [`handle`], for a fault the software MMU found (`looked`: inside its
+/// section, which is this vCPU's only one).
+pub(crate) fn handle_looked(
     ctx: &Ctx<'_>,
     space: &Space,
     op: Op,
     addr: u64,
     access: Access,
+    looked: Option<Looked<'_>>,
     mut f: impl FnMut(Pfn),
 ) -> Result<()> {
     ctx.count(Counter::faults);
     let fault = Fault { addr, access, op };
     let path = ctx.m.config.fault_path;
     let lockless = match path {
-        FaultPath::MapLock => None,
-        FaultPath::Speculative => Some(speculative::fault(ctx, space, fault, &mut f).map(|r| {
+        FaultPath::MapLock => {
+            drop(looked);
+            None
+        }
+        FaultPath::Speculative => Some(speculative::fault(ctx, space, fault, looked, &mut f).map(|r| {
             ctx.count(Counter::spf);
             Ok(r)
         })),
         FaultPath::VmaLock => {
+            drop(looked);
             Some(vma_lock::fault(ctx, space, fault, &mut f).inspect(|_| ctx.count(Counter::vma_lock)))
         }
     };

@@ -26,7 +26,7 @@
 #![deny(unsafe_code)]
 
 use super::anon::{self, Commit};
-use super::{Abort, Fault, Resolved};
+use super::{Abort, Fault, Looked, Resolved};
 use crate::aspace::Space;
 use crate::object::Found;
 use crate::phys::Pfn;
@@ -35,10 +35,21 @@ use crate::sync::spin;
 use crate::vm::Ctx;
 
 /// Try to resolve `fault` without the map lock.
-pub(super) fn fault(ctx: &Ctx<'_>, space: &Space, fault: Fault, f: &mut impl FnMut(Pfn)) -> Result<Resolved, Abort> {
+/// `looked`: the software MMU's section and walk, to go on from (the
+/// section ends on return, so a fallback runs outside it).
+pub(super) fn fault(
+    ctx: &Ctx<'_>,
+    space: &Space,
+    fault: Fault,
+    looked: Option<Looked<'_>>,
+    f: &mut impl FnMut(Pfn),
+) -> Result<Resolved, Abort> {
     let phys = &ctx.m.phys;
     let frames = ctx.frames();
-    let section = ctx.rcu_read();
+    let (section, missed) = match looked {
+        Some(l) => (l.section, Some(l.missed)),
+        None => (ctx.rcu_read(), None),
+    };
     let vma = space.snapshot(&section).find(fault.addr).ok_or(Abort::NoVma)?;
     if !vma.state.is_live() {
         return Err(Abort::VmaChanged);
@@ -51,16 +62,25 @@ pub(super) fn fault(ctx: &Ctx<'_>, space: &Space, fault: Fault, f: &mut impl FnM
     if allocate && object.is_none() {
         return Err(Abort::NoAnon);
     }
-    let leaf = space.pmap.pte(phys, fault.addr).ok_or(Abort::PmdChanged)?;
+    // After the snapshot: the walk the lookup made is used only if no
+    // page-table page was detached since (`pmap::Missed`).
+    let leaf = space.pmap.pte_after(phys, fault.addr, missed).ok_or(Abort::PmdChanged)?;
     let pindex = vma.pindex(fault.addr);
+    // A fault that may allocate reserves its slot of the object's index
+    // first and reads the object's own entry from it: one walk down the
+    // index instead of three (look up, reserve, insert).
+    let slot = match object {
+        Some(o) if allocate => Some(o.reserve(&frames, pindex).map_err(|_| Abort::NoMem)?),
+        _ => None,
+    };
     // Down the copy-on-write chain too: a collapse, which moves pages up
     // it, retires the VMAs first, so the re-check below catches a walk it
     // raced with.
-    let found = object.map_or(Found::Zero, |o| o.find(pindex, &section));
+    let found = object.map_or(Found::Zero, |o| o.find_from(pindex, slot.as_ref(), &section));
     if matches!(found, Found::Uncached | Found::Swapped { .. }) {
         return Err(Abort::Io);
     }
-    let fresh = anon::new_page(ctx, &frames, vma, object, pindex, found, &fault).map_err(|_| Abort::NoMem)?;
+    let fresh = anon::new_page(ctx, &frames, vma, object, pindex, found, &fault, slot).map_err(|_| Abort::NoMem)?;
     let fresh = anon::filled(&frames, fresh, found);
     let ptl = &phys.page(leaf.node).ptl;
     let mut spins = 0;
@@ -73,9 +93,7 @@ pub(super) fn fault(ctx: &Ctx<'_>, space: &Space, fault: Fault, f: &mut impl FnM
     };
     if !vma.state.still_live_under(&guard) {
         drop(guard);
-        if let Some(frame) = fresh {
-            frames.free_owned(frame);
-        }
+        anon::discard(&frames, fresh);
         return Err(Abort::VmaChanged);
     }
     let c = Commit { space, object, pindex, found, fresh };

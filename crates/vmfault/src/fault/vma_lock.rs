@@ -56,7 +56,7 @@ pub(super) fn fault(
     if matches!(found, Found::Uncached | Found::Swapped { .. }) {
         return Err(Abort::Io);
     }
-    let fresh = anon::new_page(ctx, &frames, vma, object, pindex, found, &fault).map_err(|_| Abort::NoMem)?;
+    let fresh = anon::new_page(ctx, &frames, vma, object, pindex, found, &fault, None).map_err(|_| Abort::NoMem)?;
     let fresh = anon::filled(&frames, fresh, found);
     locked(ctx, space, vma, &frames, Commit { space, object, pindex, found, fresh }, fault, f)
 }
@@ -79,9 +79,7 @@ fn locked(
     let leaf = match space.pmap.pte_alloc(frames, fault.addr) {
         Ok(leaf) => leaf,
         Err(_) => {
-            if let Some(frame) = c.fresh.take() {
-                frames.free_owned(frame);
-            }
+            anon::discard(frames, c.fresh.take());
             return Err(Abort::NoMem);
         }
     };

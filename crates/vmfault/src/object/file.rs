@@ -162,7 +162,7 @@ impl Object {
         let fd = self.file.as_ref().expect("fill of a file object");
         let frames = ctx.frames();
         let nomem = |what| Error::NoMemory { op, what };
-        self.reserve(&frames, pindex).map_err(|_: OutOfFrames| nomem("an object's page-index node"))?;
+        let slot = self.reserve(&frames, pindex).map_err(|_: OutOfFrames| nomem("an object's page-index node"))?;
         let mut frame = match frames.alloc() {
             Some(f) => f,
             // The cached files hold frames nobody maps: let them go first.
@@ -198,18 +198,12 @@ impl Object {
             frames.free_owned(frame);
             return Err(e);
         }
-        match self.insert(&frames, pindex, frame) {
-            Ok(Insert::Ours(_)) => {
-                ctx.count(crate::stats::Counter::file_fills);
-                Ok(())
-            }
+        match self.insert(&frames, slot, frame) {
+            Insert::Ours(_) => ctx.count(crate::stats::Counter::file_fills),
             // A file object's pages never go to swap.
-            Ok(Insert::Theirs(_) | Insert::Swapped) => Ok(()),
-            Err((_, frame)) => {
-                frames.free_owned(frame);
-                Err(nomem("an object's page-index node"))
-            }
+            Insert::Theirs(_) | Insert::Swapped => {}
         }
+        Ok(())
     }
 
     /// Make sure write-back has a handle to write through; `file` (the

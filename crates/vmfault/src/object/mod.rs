@@ -156,26 +156,27 @@ impl Object {
         self.index.leaf(&self.m.phys, pindex).map_or(0, |leaf| leaf.entry.load(Ordering::Acquire))
     }
 
-    /// Make sure the index has a slot for `pindex` (allocating index nodes
-    /// now, outside any read-side section, so that `insert` need not).
-    pub(crate) fn reserve(&self, frames: &Frames<'_>, pindex: u64) -> Result<(), OutOfFrames> {
-        self.index.leaf_alloc(frames, pindex).map(|_| ())
+    /// Make sure the index has a slot for `pindex`, allocating index nodes
+    /// now (before any lock, so that `insert` need not), and return it.
+    pub(crate) fn reserve<'p>(&self, frames: &Frames<'p>, pindex: u64) -> Result<Slot<'p>, OutOfFrames> {
+        let (leaf, _) = self.index.leaf_alloc(frames, pindex)?;
+        Ok(Slot { leaf, object: self.id, pindex })
     }
 
-    /// Insert a filled page at `pindex`. Returns the page now at `pindex`:
-    /// ours, or the one another vCPU inserted first (ours is then freed).
-    /// On a lack of frames for the index, the page comes back unchanged.
-    pub(crate) fn insert(
-        &self,
-        frames: &Frames<'_>,
-        pindex: u64,
-        page: OwnedFrame,
-    ) -> Result<Insert, (OutOfFrames, OwnedFrame)> {
-        let phys = frames.phys();
-        let leaf = match self.index.leaf_alloc(frames, pindex) {
-            Ok((leaf, _)) => leaf,
-            Err(e) => return Err((e, page)),
-        };
+    /// The page in `slot` (reserved in this object): its entry, read as
+    /// `find` reads the object's own level (Acquire).
+    #[inline]
+    pub(crate) fn entry_in(&self, slot: &Slot<'_>) -> u64 {
+        debug_assert_eq!(slot.object, self.id, "a slot of another object");
+        slot.leaf.entry.load(Ordering::Acquire)
+    }
+
+    /// Insert a filled page at the index of `slot` (reserved in this
+    /// object). Returns the page now there: ours, or the one another vCPU
+    /// inserted first (ours is then freed). Never fails: the slot exists.
+    pub(crate) fn insert(&self, frames: &Frames<'_>, slot: Slot<'_>, page: OwnedFrame) -> Insert {
+        assert_eq!(slot.object, self.id, "a slot of object {} used for object {}", slot.object, self.id);
+        let (phys, leaf, pindex) = (frames.phys(), slot.leaf, slot.pindex);
         // Describe the page before it becomes reachable.
         let desc = phys.page(page.pfn());
         desc.object.store(self.id, Ordering::Relaxed);
@@ -194,19 +195,19 @@ impl Object {
         loop {
             if cur & PRESENT != 0 {
                 frames.free_owned(phys.unpublish(pfn, Kind::Data));
-                return Ok(Insert::Theirs(Pfn((cur >> 12) as u32)));
+                return Insert::Theirs(Pfn((cur >> 12) as u32));
             }
             if cur & SWAP != 0 {
                 // Paged out since the caller looked: never lose it.
                 frames.free_owned(phys.unpublish(pfn, Kind::Data));
-                return Ok(Insert::Swapped);
+                return Insert::Swapped;
             }
             match leaf.entry.compare_exchange(cur, entry, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => {
                     if queued {
                         frames.enqueue(pfn);
                     }
-                    return Ok(Insert::Ours(pfn));
+                    return Insert::Ours(pfn);
                 }
                 Err(now) => cur = now,
             }
@@ -245,6 +246,21 @@ impl Object {
             out.push(pfn);
         }
     }
+}
+
+/// A slot of an object's page index made by [`Object::reserve`]: where
+/// [`Object::insert`] puts the page, with no second walk down the index.
+///
+/// Valid for as long as its object lives: index nodes are freed only by
+/// the object's teardown (`Drop`), never while anyone holds the object.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Slot<'p> {
+    /// The index entry.
+    leaf: crate::pmap::Leaf<'p>,
+    /// The object it belongs to (checked by `insert`).
+    object: u64,
+    /// Its page index.
+    pindex: u64,
 }
 
 /// The outcome of [`Object::insert`].

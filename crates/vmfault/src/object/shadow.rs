@@ -42,7 +42,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::{HOLE, Object, PRESENT, SWAP};
+use super::{HOLE, Object, PRESENT, SWAP, Slot};
 use crate::phys::Pfn;
 use crate::pmap::OutOfFrames;
 use crate::sync::rcu::{RcuReadGuard, Retired};
@@ -103,11 +103,22 @@ impl Object {
     /// pointer finds the page where it was (the absorbed level keeps its
     /// entries until a grace period has passed).
     pub(crate) fn find<'a>(&'a self, pindex: u64, section: &'a RcuReadGuard<'_>) -> Found {
+        self.find_from(pindex, None, section)
+    }
+
+    /// [`Object::find`], reading this object's own entry from `slot` (its
+    /// slot for `pindex`, reserved by the caller) instead of walking down
+    /// the index again.
+    pub(crate) fn find_from<'a>(&'a self, pindex: u64, slot: Option<&Slot<'_>>, section: &'a RcuReadGuard<'_>) -> Found {
+        debug_assert!(slot.is_none_or(|s| s.pindex == pindex), "a slot for another index");
         let mut o = self;
         let mut depth = 0;
         let mut behind_hole = false;
         loop {
-            let (below, e) = o.backing.read_then(section, || o.entry(pindex));
+            let (below, e) = o.backing.read_then(section, || match slot {
+                Some(s) if depth == 0 => o.entry_in(s),
+                _ => o.entry(pindex),
+            });
             // Behind a hole only a file's page shows (Linux re-reads the file).
             if !behind_hole || o.is_file() {
                 if e & PRESENT != 0 {

@@ -1,11 +1,13 @@
 //! The frame arena: one host mapping that holds every physical frame.
 //!
 //! Mapped once when the `Vm` is created (private, anonymous, `NORESERVE`),
-//! optionally prefaulted with `MAP_POPULATE` so that host page faults do not
-//! pollute what we measure, advised `MADV_HUGEPAGE` (a kernel's direct map
-//! uses large pages too) and `MADV_DONTFORK`: a process that embeds vmfault
-//! and forks must not copy the whole arena into the child (the child could
-//! not use the `Vm` anyway: its vCPU threads do not exist there).
+//! advised `MADV_HUGEPAGE` (a kernel's direct map uses large pages too) and
+//! `MADV_DONTFORK` (a process that embeds vmfault and forks must not copy
+//! the whole arena into the child, which could not use the `Vm` anyway: its
+//! vCPU threads do not exist there), and then, optionally, prefaulted so
+//! that host page faults do not pollute what we measure. The advice comes
+//! first: populated before it (`MAP_POPULATE`), the arena would be backed
+//! by 4 KiB host pages, and every frame access would pay their TLB misses.
 
 use std::ptr::NonNull;
 
@@ -35,9 +37,6 @@ impl Arena {
     pub(crate) fn new(frames: u32, prefault: bool) -> Result<Arena> {
         let len = frames as usize * PAGE_SIZE as usize;
         let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
-        if prefault {
-            flags |= libc::MAP_POPULATE;
-        }
         if cfg!(miri) {
             // Miri maps private anonymous memory only (and has no madvise).
             flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
@@ -55,7 +54,27 @@ impl Arena {
             libc::madvise(p, len, libc::MADV_DONTFORK);
             libc::madvise(p, len, libc::MADV_HUGEPAGE);
         }
-        Ok(Arena { base: NonNull::new(p.cast()).expect("mmap returned null"), len, frames })
+        let arena = Arena { base: NonNull::new(p.cast()).expect("mmap returned null"), len, frames };
+        if prefault && !cfg!(miri) {
+            arena.populate();
+        }
+        Ok(arena)
+    }
+
+    /// Back the whole arena now, after the advice (so in huge pages where
+    /// the host has them): `MADV_POPULATE_WRITE` (Linux 5.14), or a store
+    /// to every page where the host kernel is older.
+    fn populate(&self) {
+        // SAFETY: advice on exactly the mapping this value owns.
+        let done = unsafe { libc::madvise(self.base.as_ptr().cast(), self.len, libc::MADV_POPULATE_WRITE) } == 0;
+        if !done {
+            for pfn in 0..self.frames {
+                // SAFETY: `frame_ptr` is in bounds; nothing else can use
+                // the arena yet (it is being created), and a zero byte is
+                // what a fresh anonymous page holds already.
+                unsafe { self.frame_ptr(pfn).write_volatile(0) };
+            }
+        }
     }
 
     /// Address of frame `pfn`'s first byte.

@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::pte::Pte;
 use super::radix::{Leaf, OutOfFrames, PruneRange, Radix, TABLE_LIMIT};
 use crate::phys::{Frames, Pfn, PhysMem, WORDS};
+use crate::sync::generation::{Generation, Stamp};
 use crate::sync::spin::{self, WordGuard};
 use crate::types::{Access, PAGE_SHIFT, Prot};
 
@@ -25,6 +26,32 @@ pub(crate) struct Pmap {
     /// `[a]` page-table pages in use, root included (rarely written: only
     /// when a table page is added or pruned).
     tables: AtomicU64,
+    /// `[M]` prunes that detached page-table pages (bumped under the map
+    /// write lock, after the detach; read lockless): how a walk made
+    /// before the VMA snapshot was read knows its leaf is still attached
+    /// (see [`Missed`]).
+    prunes: Generation,
+}
+
+/// What the software MMU's lookup found when the PTE did not allow the
+/// access: the PTE slot (if every level above it exists) and the prune
+/// count read before the walk. The speculative fault, in the same RCU
+/// section, takes the slot from here instead of walking again, once it has
+/// read the VMA snapshot (`Pmap::pte_after`).
+///
+/// Why the count: the fault validates its VMA under the PTE lock, which
+/// proves the slot attached only if the VMA was found *before* the walk
+/// (a prune follows the retirement of the VMAs above it). Found after it,
+/// the VMA may be a new one, mapped once the walked table was pruned. A
+/// prune bumps the count (Release) after its detach and before the map
+/// lock is released, so before any later snapshot is published: a fault
+/// whose snapshot read (Acquire) shows such a VMA sees the count changed
+/// and walks again; one whose first read of the count already showed the
+/// bump sees the detach in its walk (`sync::generation`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Missed<'p> {
+    leaf: Option<Leaf<'p>>,
+    prunes: Stamp,
 }
 
 #[inline]
@@ -35,7 +62,7 @@ fn vpn(addr: u64) -> u64 {
 impl Pmap {
     /// An empty page table (one root page).
     pub(crate) fn new(frames: &Frames<'_>) -> Result<Pmap, OutOfFrames> {
-        Ok(Pmap { radix: Radix::table(frames)?, tables: AtomicU64::new(1) })
+        Ok(Pmap { radix: Radix::table(frames)?, tables: AtomicU64::new(1), prunes: Generation::new() })
     }
 
     /// Page-table pages in use.
@@ -55,11 +82,38 @@ impl Pmap {
         pte.allows(access).then(|| pte.pfn())
     }
 
+    /// `translate`, keeping what a fault needs when it misses (see
+    /// [`Missed`]). Same caller rule.
+    #[inline]
+    pub(crate) fn lookup<'p>(&self, phys: &'p PhysMem, addr: u64, access: Access) -> Result<Pfn, Missed<'p>> {
+        let prunes = self.prunes.stamp();
+        let leaf = self.radix.leaf(phys, vpn(addr));
+        if let Some(l) = &leaf {
+            // Acquire: as in `translate`.
+            let pte = Pte(l.entry.load(Ordering::Acquire));
+            if pte.allows(access) {
+                return Ok(pte.pfn());
+            }
+        }
+        Err(Missed { leaf, prunes })
+    }
+
     /// The PTE slot for `addr`, if its page-table levels exist (same caller
     /// rule as `translate`).
     #[inline]
     pub(crate) fn pte<'p>(&self, phys: &'p PhysMem, addr: u64) -> Option<Leaf<'p>> {
         self.radix.leaf(phys, vpn(addr))
+    }
+
+    /// The PTE slot for `addr` as [`Pmap::pte`] finds it, taken from
+    /// `missed` (a lookup of `addr` earlier in the caller's section) when
+    /// no prune has happened since. Call after reading the VMA snapshot.
+    #[inline]
+    pub(crate) fn pte_after<'p>(&self, phys: &'p PhysMem, addr: u64, missed: Option<Missed<'p>>) -> Option<Leaf<'p>> {
+        match missed {
+            Some(m) if self.prunes.unchanged(m.prunes) => m.leaf,
+            _ => self.pte(phys, addr),
+        }
     }
 
     /// The PTE slot for `addr`, allocating page-table pages as needed.
@@ -148,6 +202,8 @@ impl Pmap {
         let freed = (out.len() - before) as u64;
         if freed > 0 {
             self.tables.fetch_sub(freed, Ordering::Relaxed);
+            // After the detach, before the map lock is released (see `Missed`).
+            self.prunes.bump();
         }
     }
 

@@ -9,6 +9,8 @@
 //! - `cpu`: vCPU slots. A thread attached to a slot owns its per-CPU data the
 //!   way a kernel CPU owns its per-CPU data with preemption disabled.
 //! - [`spin`]: the word lock used as the PTE lock (`[P]`), with a try-lock.
+//! - [`generation`]: a change count (the page table's prunes, which tell a
+//!   fault whether the PTE slot it walked to is still attached).
 //! - [`percpu`]: per-CPU caches another CPU can drain (protocols 1 and 2).
 //! - [`vma_state`]: a VMA's sequence count and per-VMA lock (protocols 3 and 4).
 //! - [`refcount`]: a page's atomic reference count (wirings, object
@@ -20,6 +22,7 @@
 //! Under `--cfg loom` the atomics, fences and spin hints are loom's.
 
 pub(crate) mod cpu;
+pub mod generation;
 pub mod percpu;
 pub mod rcu;
 pub mod refcount;
