@@ -443,12 +443,15 @@ impl PhysMem {
                 b.copy_from_slice(&data[done..done + 8]);
                 word.store(u64::from_ne_bytes(b), Ordering::Relaxed);
             } else {
-                let src = &data[done..done + n];
-                let _ = word.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
-                    let mut b = old.to_ne_bytes();
-                    b[at..at + n].copy_from_slice(src);
-                    Some(u64::from_ne_bytes(b))
-                });
+                // The bytes and their mask as words, built once (not inside
+                // the CAS loop, and with no call to copy a few bytes).
+                let (mut bytes, mut mask) = ([0u8; 8], [0u8; 8]);
+                for (i, &b) in data[done..done + n].iter().enumerate() {
+                    bytes[at + i] = b;
+                    mask[at + i] = 0xff;
+                }
+                let (bytes, mask) = (u64::from_ne_bytes(bytes), u64::from_ne_bytes(mask));
+                let _ = word.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| Some(old & !mask | bytes));
             }
             done += n;
             off += n;

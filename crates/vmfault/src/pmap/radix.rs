@@ -147,11 +147,13 @@ impl Radix {
     /// exclude pruning, for as long as it uses the result.
     #[inline]
     pub(crate) fn leaf<'p>(&self, phys: &'p PhysMem, index: u64) -> Option<Leaf<'p>> {
-        let (mut node, height) = self.top()?;
-        if index >= span(height) {
+        let (mut node, mut level) = self.top()?;
+        if index >= span(level) {
             return None;
         }
-        for level in (1..height).rev() {
+        // (A countdown, not a reversed range: this runs on every access.)
+        while level > 1 {
+            level -= 1;
             // Acquire pairs with the Release CAS in `leaf_alloc` that
             // published the (zeroed) child.
             let e = phys.words(node)[slot_at(index, level)].load(Ordering::Acquire);
