@@ -365,11 +365,33 @@ impl VmConfig {
             "swap" => self.swap = (!matches!(value.trim(), "" | "none")).then(|| value.trim().into()),
             "swap_bytes" => self.swap_bytes = parse_size(value)?,
             "frame_order" => self.frame_order = FrameOrder::parse(value)?,
+            "lifecycle" => self.set_lifecycle(value)?,
             "pcpu_drain_hz" => {
                 self.pcpu_drain_hz = u32::try_from(parse_num(value)?).map_err(|_| "too large for a u32")?
             }
             _ => return Err("unknown knob (VmConfig::knobs lists them)"),
         }
+        Ok(())
+    }
+
+    /// The `lifecycle` shorthand: the three knobs of a page's life
+    /// (`frame_order`, `pcpu_high`, `free_path`) at once, so that one
+    /// `--compare lifecycle=seed,default,deferred` measures the seed's
+    /// behaviour (LIFO reuse, the fixed 16-frame cache, frees that wait
+    /// for their grace period) beside today's defaults and beside every
+    /// new mechanism on. It is not a knob of its own: `knobs()` lists the
+    /// three it sets.
+    fn set_lifecycle(&mut self, value: &str) -> std::result::Result<(), &'static str> {
+        let (order, high, free) = match value.trim() {
+            "seed" => (FrameOrder::Lifo, PcpHigh::Fixed, FreePath::Sync),
+            "default" => {
+                let d = VmConfig::default();
+                (d.frame_order, d.pcpu_high, d.free_path)
+            }
+            "deferred" => (FrameOrder::Ordered, PcpHigh::Auto, FreePath::Deferred),
+            _ => return Err("expected seed, default or deferred"),
+        };
+        (self.frame_order, self.pcpu_high, self.free_path) = (order, high, free);
         Ok(())
     }
 
@@ -524,6 +546,21 @@ mod tests {
         assert!(c.set("nope", "1").is_err());
         assert!(c.set("prefault", "maybe").is_err());
         assert!(c.set("phys_bytes", "99999999999999999999G").is_err());
+    }
+
+    #[test]
+    fn lifecycle_sets_the_three_knobs_of_a_page_life() {
+        let mut c = VmConfig::default();
+        c.set("lifecycle", "seed").unwrap();
+        let seed = [("pcpu_high", "fixed".to_string()), ("frame_order", "lifo".to_string())];
+        assert_eq!(c.non_default_knobs(), seed.to_vec());
+        assert_eq!(c.free_path, FreePath::Sync);
+        c.set("lifecycle", "deferred").unwrap();
+        assert_eq!((c.frame_order, c.pcpu_high, c.free_path), (FrameOrder::Ordered, PcpHigh::Auto, FreePath::Deferred));
+        c.set("lifecycle", "default").unwrap();
+        assert!(c.non_default_knobs().is_empty());
+        let e = c.set("lifecycle", "fast").unwrap_err();
+        assert_eq!(e.to_string(), "VmConfig::set(lifecycle=\"fast\"): expected seed, default or deferred");
     }
 
     #[test]
