@@ -104,6 +104,7 @@ stats! {
         global_free_pages: "frames on the global free list",
         pcp_pages: "frames held in per-CPU caches",
         deferred_pages: "frames freed and waiting for their grace period on deferred lists (free_path=deferred; not yet counted free, still counted by kind)",
+        deferred_drops: "retired VMA-index snapshots the grace-period thread has still to drop (free_path=deferred; they keep removed mappings' objects alive)",
         pcp_remote_drains: "remote drains of the per-CPU caches that found frames",
         pcp_pages_drained: "frames drained remotely from per-CPU caches",
         daemon_wakeups: "page daemon wakeups (the global free list fell below the free target)",

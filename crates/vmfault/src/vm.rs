@@ -230,6 +230,11 @@ impl Drop for Life {
                 let _ = t.join();
             }
         }
+        // What the grace-period thread had still to drop (retired
+        // snapshots hold objects, which hold the machine: a cycle else).
+        if let Some(d) = &self.m.phys.deferred {
+            d.drop_aged(&self.m.rcu, true);
+        }
         self.m.files.drop_cached();
         if let Some(swap) = &self.m.swap {
             swap.unlink();
@@ -345,8 +350,14 @@ impl Vm {
     /// Let go of the page cache of files that no mapping maps any more
     /// (vmfault keeps the last few files mapped cached, as a kernel keeps
     /// its page cache; `echo 1 > /proc/sys/vm/drop_caches`). Dirty pages
-    /// are written back first. Returns the file objects let go.
+    /// are written back first, those of files unmapped a moment ago too
+    /// (with `free_path=deferred`, their objects may still wait for the
+    /// grace-period thread: this drops them first). Returns the file
+    /// objects let go.
     pub fn drop_caches(&self) -> usize {
+        if let Some(d) = &self.m.phys.deferred {
+            d.drop_aged(&self.m.rcu, true);
+        }
         self.m.files.drop_cached()
     }
 
@@ -405,6 +416,7 @@ impl Vm {
             total_pages: phys.total_frames(),
             free_pages: phys.global_free_frames() + phys.pcp_frames(),
             deferred_pages: phys.deferred_frames(),
+            deferred_drops: phys.deferred.as_ref().map_or(0, |d| d.late()),
             global_free_pages: phys.global_free_frames(),
             pcp_pages: phys.pcp_frames(),
             pcp_remote_drains: drains,
@@ -553,9 +565,10 @@ fn spawn_grace_thread(m: &Arc<Machine>) -> Result<std::thread::JoinHandle<()>> {
                     // Lists that changed since the last grace period (a
                     // vCPU's few frames, the unowned list) get one too.
                     let held = d.frames();
-                    if wanted != served || (held > 0 && held != seen) {
+                    if wanted != served || (held > 0 && held != seen) || d.late() > 0 {
                         m.rcu.synchronize();
                         served = wanted;
+                        // (Queued drops age here; their owners drop them.)
                         m.phys.flush_deferred(&m.rcu, false);
                         seen = d.frames();
                     }

@@ -292,7 +292,9 @@ impl Space {
     /// the frames; with `free_path=deferred`, queue the frames for the
     /// grace-period thread instead and wait for nothing. Then free the snapshots whose grace period has passed;
     /// with `objects_gone` (it removed VMAs that held objects, which the old
-    /// snapshots keep alive), or too many pending, wait for one first.
+    /// snapshots keep alive), or too many pending, wait for one first
+    /// (with `free_path=deferred`, hand them all to the grace-period
+    /// thread instead: no wait).
     pub(crate) fn finish(&self, ctx: &Ctx<'_>, ptes: u64, frames: &[Pfn], objects_gone: bool) {
         let orphans = ctx.m.take_orphans();
         let frames = if orphans.is_empty() { frames } else { &[frames, &orphans[..]].concat() };
@@ -318,6 +320,10 @@ impl Space {
             }
         }
         let rcu = &self.vm.m.rcu;
+        if let Some(d) = &self.vm.m.phys.deferred {
+            // What this vCPU queued before and has aged since (no wait).
+            d.drop_aged_of(ctx.index.min(d.unowned()), rcu, false);
+        }
         let mut retired = self.retired.lock().unwrap_or_else(|p| p.into_inner());
         if retired.is_empty() || (retired.len() < RECLAIM_BATCH && !objects_gone) {
             return;
@@ -335,10 +341,20 @@ impl Space {
             drop(done);
             return;
         }
-        // Wait for a grace period, without the lock (writers push to it
-        // while holding the map lock).
         let mut list = std::mem::take(&mut *retired);
         drop(retired);
+        if let Some(d) = &self.vm.m.phys.deferred {
+            // free_path=deferred: instead of waiting, queue them (and the
+            // objects of removed mappings they keep alive) for a grace
+            // period that the grace-period thread runs; this vCPU's next
+            // change drops them, or an allocation that finds nothing
+            // (`phys::deferred`).
+            let boxed = list.into_iter().map(|r| r.map(|s| Box::new(s) as Box<dyn Send>)).collect();
+            d.push_drops(ctx.index.min(d.unowned()), boxed);
+            return;
+        }
+        // Wait for a grace period, without the lock (writers push to it
+        // while holding the map lock).
         let done = rcu.reclaim(&mut list, true);
         if !list.is_empty() {
             self.retired.lock().unwrap_or_else(|p| p.into_inner()).append(&mut list);

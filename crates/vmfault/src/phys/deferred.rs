@@ -20,6 +20,19 @@
 //!   before it drains the page caches or reports `ENOMEM`; so do
 //!   `Vm::drain_pcpu_caches` and the page daemon.
 //!
+//! - Values whose drop frees frames (an address space's retired VMA-index
+//!   snapshots, which keep the objects of removed mappings alive) go onto
+//!   the same lists as *drops*; the grace-period thread ages them (it runs
+//!   grace periods while any are queued) and their owner drops the aged
+//!   ones at its next change, so that a munmap waits for none. An
+//!   allocation that finds nothing drops the aged ones itself (in
+//!   `flush_deferred`, after its grace period) and waits for drops under
+//!   way on the thread (`dropping`) before it reports `ENOMEM`. A drop
+//!   takes no lock an allocating vCPU may hold: what it drops is
+//!   unreachable (its object locks are nobody else's, no mapping maps its
+//!   pages), and the registries it leaves (anonymous objects, files, swap
+//!   slots) are leaves that nothing allocates frames under.
+//!
 //! Frames on these lists are not counted free until they leave them
 //! (`deferred_pages` shows how many; their descriptors keep their kind
 //! until the grace period has passed).
@@ -33,11 +46,17 @@ use std::sync::Mutex;
 
 use super::Pfn;
 use crate::sync::CachePadded;
-use crate::sync::rcu::{GpCookie, Rcu};
+use crate::sync::rcu::{GpCookie, Rcu, Retired};
+
+/// A value whose drop waits for a grace period (see the module docs).
+pub(crate) type LateDrop = Retired<Box<dyn Send>>;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Frames a list holds before a free wakes the grace-period thread.
 pub(crate) const WAKE_FRAMES: u64 = 256;
+
+/// Values a list holds to drop before a queueing wakes the thread.
+pub(crate) const WAKE_DROPS: u64 = 64;
 
 /// How often the grace-period thread looks for batches nobody woke it for.
 pub(crate) const GRACE_POLL: std::time::Duration = std::time::Duration::from_millis(10);
@@ -49,12 +68,16 @@ struct Batch {
     frames: Vec<Pfn>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct List {
     /// The batches, oldest first (a leaf lock: nothing is taken inside).
     batches: Mutex<Vec<Batch>>,
     /// `[a]` frames in them (written under the mutex, read lockless).
     frames: AtomicU64,
+    /// Values to drop after their grace period (a leaf lock).
+    drops: Mutex<Vec<LateDrop>>,
+    /// `[a]` values queued in `drops` (written under its mutex).
+    late: AtomicU64,
 }
 
 /// One batch list per vCPU slot, and one for frees without a vCPU.
@@ -64,8 +87,11 @@ pub(crate) struct Deferred {
     /// a page cache: an allocation that finds nothing anywhere waits for
     /// them before it reports `ENOMEM` (their mover may be preempted).
     transit: AtomicU64,
-    /// `[a]` placements of frames in transit so far.
+    /// `[a]` placements of frames in transit so far (and drops done).
     placements: AtomicU64,
+    /// `[a]` values taken off a `drops` list and not yet dropped: their
+    /// frames are on no list yet (see `transit`).
+    dropping: AtomicU64,
     /// `[a]` batches queued so far: the grace-period thread runs one more
     /// grace period whenever it has not served them all.
     requests: AtomicU64,
@@ -80,6 +106,7 @@ impl Deferred {
             lists: (0..=slots).map(|_| CachePadded(List::default())).collect(),
             transit: AtomicU64::new(0),
             placements: AtomicU64::new(0),
+            dropping: AtomicU64::new(0),
             requests: AtomicU64::new(0),
             thread: std::sync::OnceLock::new(),
         }
@@ -122,9 +149,83 @@ impl Deferred {
             // Release: the thread that sees this count (Acquire) starts its
             // grace period after the cookie was taken.
             self.requests.fetch_add(1, Ordering::Release);
-            if let Some(t) = self.thread.get() {
-                t.unpark();
+            self.wake();
+        }
+    }
+
+    /// Queue `items` (retired by their owner) on list `i`, to be dropped
+    /// once their grace period has passed (which the grace-period thread
+    /// runs) by the owner or by an allocation that finds nothing.
+    pub(crate) fn push_drops(&self, i: usize, items: Vec<LateDrop>) {
+        if items.is_empty() {
+            return;
+        }
+        let l = &self.lists[i];
+        let queued = {
+            let mut q = l.drops.lock().unwrap_or_else(|p| p.into_inner());
+            q.extend(items);
+            l.late.store(q.len() as u64, Ordering::Relaxed);
+            q.len() as u64
+        };
+        // A wake costs a system call: only for a list worth it (the thread
+        // also looks every `GRACE_POLL`, and a drain runs one itself).
+        if queued >= WAKE_DROPS {
+            self.requests.fetch_add(1, Ordering::Release);
+            self.wake();
+        }
+    }
+
+    /// Drop every queued value whose grace period has passed (all of them
+    /// with `all`, after waiting for one: the machine's end). Returns how
+    /// many. Never inside a read-side section with `all`.
+    pub(crate) fn drop_aged(&self, rcu: &Rcu, all: bool) -> u64 {
+        (0..self.lists.len()).map(|i| self.drop_aged_of(i, rcu, all)).sum()
+    }
+
+    /// [`Deferred::drop_aged`] for list `i` only: its owner, at its next
+    /// change, drops what it queued on the thread that allocated it (a
+    /// free on another thread costs glibc's arena lock). Cheap when the
+    /// list has none (one load).
+    pub(crate) fn drop_aged_of(&self, i: usize, rcu: &Rcu, all: bool) -> u64 {
+        let mut n = 0;
+        {
+            let l = &self.lists[i];
+            if l.late.load(Ordering::Relaxed) == 0 {
+                return 0;
             }
+            let (aged, _dropping) = {
+                let mut q = l.drops.lock().unwrap_or_else(|p| p.into_inner());
+                let aged = rcu.reclaim(&mut q, all);
+                let k = aged.len() as u64;
+                // Being dropped before they leave the queue's count (as
+                // frames go in transit): none is ever counted nowhere.
+                self.dropping.fetch_add(k, Ordering::AcqRel);
+                l.late.store(l.late.load(Ordering::Relaxed) - k, Ordering::Relaxed);
+                (aged, Dropping { d: self, n: k })
+            };
+            n += aged.len() as u64;
+            // Outside the lock (a drop frees frames onto these lists), and
+            // before `_dropping` reports them placed, also on a panic.
+            drop(aged);
+        }
+        n
+    }
+
+    /// Values queued to drop or being dropped (a snapshot).
+    pub(crate) fn late(&self) -> u64 {
+        self.lists.iter().map(|l| l.late.load(Ordering::Relaxed)).sum::<u64>() + self.dropping()
+    }
+
+    /// Values being dropped (taken off their queue): an allocation that
+    /// finds nothing waits for them as for frames in transit.
+    pub(crate) fn dropping(&self) -> u64 {
+        self.dropping.load(Ordering::Acquire)
+    }
+
+    /// Wake the grace-period thread.
+    pub(crate) fn wake(&self) {
+        if let Some(t) = self.thread.get() {
+            t.unpark();
         }
     }
 
@@ -205,6 +306,23 @@ impl Drop for InTransit<'_> {
         if self.n > 0 {
             self.d.placements.fetch_add(1, Ordering::AcqRel);
             self.d.transit.fetch_sub(self.n, Ordering::AcqRel);
+        }
+    }
+}
+
+/// Values being dropped by `drop_aged`; dropping the guard reports them
+/// done: placements first (an allocation that then sees `dropping` fall
+/// sees the placement too), then the count.
+struct Dropping<'a> {
+    d: &'a Deferred,
+    n: u64,
+}
+
+impl Drop for Dropping<'_> {
+    fn drop(&mut self) {
+        if self.n > 0 {
+            self.d.placements.fetch_add(1, Ordering::AcqRel);
+            self.d.dropping.fetch_sub(self.n, Ordering::AcqRel);
         }
     }
 }

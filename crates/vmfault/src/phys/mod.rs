@@ -235,10 +235,13 @@ impl PhysMem {
         let Some(d) = &self.deferred else { return 0 };
         let mut frames = Vec::new();
         let moving = if all {
-            if d.frames() == 0 {
+            if d.frames() == 0 && d.late() == 0 {
                 return 0;
             }
             rcu.synchronize();
+            // Retired snapshots that aged: their objects' frames join the
+            // lists (aged by the next flush; a drop counts as a placement).
+            d.drop_aged(rcu, false);
             d.take_all_aged(rcu, &mut frames)
         } else {
             d.take_aged(d.unowned(), rcu, &mut frames)

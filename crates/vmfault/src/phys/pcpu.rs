@@ -139,7 +139,9 @@ impl<'a> Frames<'a> {
         // while this drain looked elsewhere, are not gone: look again until
         // a whole drain saw none in flight.
         if let Some(d) = &self.phys.deferred {
-            while d.in_transit() > 0 || d.placements() != placements {
+            // So are retired snapshots the grace-period thread is dropping
+            // (each drain drops the aged ones itself: `flush_deferred`).
+            while d.dropping() > 0 || d.in_transit() > 0 || d.placements() != placements {
                 placements = d.placements();
                 std::thread::yield_now();
                 self.phys.drain_pcpu(cpu.rcu);

@@ -123,6 +123,13 @@ impl<T> Retired<T> {
     pub fn cookie(&self) -> GpCookie {
         self.cookie
     }
+
+    /// `f` of the item, retired at the same time (to keep retired values
+    /// of several types on one list, e.g. boxed as `dyn Send`).
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Retired<U> {
+        let Retired { item, cookie, rcu } = self;
+        Retired { item: ManuallyDrop::new(f(ManuallyDrop::into_inner(item))), cookie, rcu }
+    }
 }
 
 /// The right to enter read-side sections as one reader of an [`Rcu`].
