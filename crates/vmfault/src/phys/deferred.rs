@@ -201,7 +201,7 @@ impl Deferred {
                 // frames go in transit): none is ever counted nowhere.
                 self.dropping.fetch_add(k, Ordering::AcqRel);
                 l.late.store(l.late.load(Ordering::Relaxed) - k, Ordering::Relaxed);
-                (aged, Dropping { d: self, n: k })
+                (aged, InTransit { d: self, count: &self.dropping, n: k })
             };
             n += aged.len() as u64;
             // Outside the lock (a drop frees frames onto these lists), and
@@ -242,7 +242,7 @@ impl Deferred {
     pub(crate) fn take_aged(&self, i: usize, rcu: &Rcu, out: &mut Vec<Pfn>) -> InTransit<'_> {
         let l = &self.lists[i];
         if l.frames.load(Ordering::Relaxed) == 0 {
-            return InTransit { d: self, n: 0 };
+            return InTransit { d: self, count: &self.transit, n: 0 };
         }
         let mut b = l.batches.lock().unwrap_or_else(|p| p.into_inner());
         // Oldest first: the first batch that has not aged ends the run.
@@ -258,7 +258,7 @@ impl Deferred {
             self.transit.fetch_add(n, Ordering::AcqRel);
             l.frames.store(l.frames.load(Ordering::Relaxed) - n, Ordering::Relaxed);
         }
-        InTransit { d: self, n }
+        InTransit { d: self, count: &self.transit, n }
     }
 
     /// Placements of frames in transit so far: an allocation that found
@@ -274,7 +274,7 @@ impl Deferred {
 
     /// Every list's aged frames, to `out` (in transit until the guard goes).
     pub(crate) fn take_all_aged(&self, rcu: &Rcu, out: &mut Vec<Pfn>) -> InTransit<'_> {
-        let mut all = InTransit { d: self, n: 0 };
+        let mut all = InTransit { d: self, count: &self.transit, n: 0 };
         for i in 0..self.lists.len() {
             let mut t = self.take_aged(i, rcu, out);
             all.n += std::mem::take(&mut t.n);
@@ -293,11 +293,15 @@ impl Deferred {
     }
 }
 
-/// Frames taken off a deferred list and not yet placed; dropping it
-/// reports them placed (also on a panic: nothing waits for them forever).
+/// Frames taken off a deferred list and not yet placed (or values being
+/// dropped, whose frames are on no list yet); dropping it reports them
+/// placed (also on a panic: nothing waits for them forever): placements
+/// first, so an allocation that sees the count fall sees the placement.
 #[must_use = "frames stay in transit until the guard is dropped"]
 pub(crate) struct InTransit<'a> {
     d: &'a Deferred,
+    /// `transit` or `dropping`.
+    count: &'a AtomicU64,
     n: u64,
 }
 
@@ -305,24 +309,7 @@ impl Drop for InTransit<'_> {
     fn drop(&mut self) {
         if self.n > 0 {
             self.d.placements.fetch_add(1, Ordering::AcqRel);
-            self.d.transit.fetch_sub(self.n, Ordering::AcqRel);
-        }
-    }
-}
-
-/// Values being dropped by `drop_aged`; dropping the guard reports them
-/// done: placements first (an allocation that then sees `dropping` fall
-/// sees the placement too), then the count.
-struct Dropping<'a> {
-    d: &'a Deferred,
-    n: u64,
-}
-
-impl Drop for Dropping<'_> {
-    fn drop(&mut self) {
-        if self.n > 0 {
-            self.d.placements.fetch_add(1, Ordering::AcqRel);
-            self.d.dropping.fetch_sub(self.n, Ordering::AcqRel);
+            self.count.fetch_sub(self.n, Ordering::AcqRel);
         }
     }
 }
