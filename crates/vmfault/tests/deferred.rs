@@ -59,7 +59,11 @@ fn munmap_waits_for_no_grace_period_and_the_frames_come_back() {
         // Neither the frames nor the VMA-index snapshots that kept the
         // unmapped object alive (the lockless paths': the grace-period
         // thread drops them) make it wait.
-        assert_eq!(after.caller_grace_waits - before.caller_grace_waits, 0, "{path:?}: grace periods munmap waited for");
+        assert_eq!(
+            after.caller_grace_waits - before.caller_grace_waits,
+            0,
+            "{path:?}: grace periods munmap waited for"
+        );
         let s = settle(&vm);
         assert_eq!((s.deferred_pages, s.free_pages), (0, initial), "{path:?}");
     }

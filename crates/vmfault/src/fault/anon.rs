@@ -324,13 +324,15 @@ pub(super) fn commit_locked(
             discard(frames, fresh);
             (p, if cur.is_present() { Resolved::Upgraded } else { Resolved::Mapped })
         }
-        (None, Some(new)) => match c.object.expect("allocating faults have an object").insert(frames, new.slot, new.frame) {
-            Insert::Ours(p) if below.is_some() => (p, Resolved::Copied),
-            Insert::Ours(p) => (p, Resolved::ZeroFill),
-            Insert::Theirs(p) => (p, Resolved::Mapped),
-            // Paged out since the lookup: read it in again.
-            Insert::Swapped => return Ok(Resolved::Retry),
-        },
+        (None, Some(new)) => {
+            match c.object.expect("allocating faults have an object").insert(frames, new.slot, new.frame) {
+                Insert::Ours(p) if below.is_some() => (p, Resolved::Copied),
+                Insert::Ours(p) => (p, Resolved::ZeroFill),
+                Insert::Theirs(p) => (p, Resolved::Mapped),
+                // Paged out since the lookup: read it in again.
+                Insert::Swapped => return Ok(Resolved::Retry),
+            }
+        }
         // A read of a page an object below holds (shared, read-only), or
         // of untouched private memory (a page that was resident cannot
         // vanish from a stable VMA, so only a fault that may not allocate

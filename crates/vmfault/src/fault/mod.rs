@@ -173,7 +173,14 @@ pub(crate) struct Looked<'c> {
 /// frame backing `addr`, inside an RCU read-side section (see module docs).
 ///
 /// Must be called outside any RCU read-side section of this vCPU.
-pub(crate) fn handle(ctx: &Ctx<'_>, space: &Space, op: Op, addr: u64, access: Access, f: impl FnMut(Pfn)) -> Result<()> {
+pub(crate) fn handle(
+    ctx: &Ctx<'_>,
+    space: &Space,
+    op: Op,
+    addr: u64,
+    access: Access,
+    f: impl FnMut(Pfn),
+) -> Result<()> {
     handle_looked(ctx, space, op, addr, access, None, f)
 }
 

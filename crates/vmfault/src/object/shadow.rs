@@ -109,7 +109,12 @@ impl Object {
     /// [`Object::find`], reading this object's own entry from `slot` (its
     /// slot for `pindex`, reserved by the caller) instead of walking down
     /// the index again.
-    pub(crate) fn find_from<'a>(&'a self, pindex: u64, slot: Option<&Slot<'_>>, section: &'a RcuReadGuard<'_>) -> Found {
+    pub(crate) fn find_from<'a>(
+        &'a self,
+        pindex: u64,
+        slot: Option<&Slot<'_>>,
+        section: &'a RcuReadGuard<'_>,
+    ) -> Found {
         debug_assert!(slot.is_none_or(|s| s.pindex == pindex), "a slot for another index");
         let mut o = self;
         let mut depth = 0;
