@@ -72,7 +72,8 @@
 //! write-back mutex (`ended`: the `WRITEBACK` bits are cleared under it,
 //! and `msync` waits on it for pages another writer has under way, holding
 //! no other lock) and the deferred-free lists' mutexes (`phys::deferred`:
-//! taken inside a section by a cache miss, never held across a grace
+//! the frame batches', taken inside a section by a cache miss, and the
+//! queued snapshot drops', dropped outside it; never held across a grace
 //! period) are leaves.
 //!
 //! RCU read-side sections are not locks but obey one rule: nothing inside a

@@ -175,9 +175,10 @@ impl Deferred {
         }
     }
 
-    /// Drop every queued value whose grace period has passed (all of them
-    /// with `all`, after waiting for one: the machine's end). Returns how
-    /// many. Never inside a read-side section with `all`.
+    /// Drop every queued value whose grace period has passed (with `all`,
+    /// every value queued before the call, after waiting for a grace
+    /// period: the machine's end, `drop_caches`). Returns how many. Never
+    /// inside a read-side section with `all`.
     pub(crate) fn drop_aged(&self, rcu: &Rcu, all: bool) -> u64 {
         (0..self.lists.len()).map(|i| self.drop_aged_of(i, rcu, all)).sum()
     }
@@ -193,9 +194,14 @@ impl Deferred {
             if l.late.load(Ordering::Relaxed) == 0 {
                 return 0;
             }
+            if all {
+                // Not under the list's mutex (a leaf: never held across a
+                // grace period).
+                rcu.synchronize();
+            }
             let (aged, _dropping) = {
                 let mut q = l.drops.lock().unwrap_or_else(|p| p.into_inner());
-                let aged = rcu.reclaim(&mut q, all);
+                let aged = rcu.reclaim(&mut q, false);
                 let k = aged.len() as u64;
                 // Being dropped before they leave the queue's count (as
                 // frames go in transit): none is ever counted nowhere.
