@@ -293,8 +293,8 @@ impl Space {
     /// grace-period thread instead and wait for nothing. Then free the snapshots whose grace period has passed;
     /// with `objects_gone` (it removed VMAs that held objects, which the old
     /// snapshots keep alive), or too many pending, wait for one first
-    /// (with `free_path=deferred`, hand them all to the grace-period
-    /// thread instead: no wait).
+    /// (with `free_path=deferred`, queue them on this vCPU's deferred
+    /// list instead, dropped at its next change once aged: no wait).
     pub(crate) fn finish(&self, ctx: &Ctx<'_>, ptes: u64, frames: &[Pfn], objects_gone: bool) {
         let orphans = ctx.m.take_orphans();
         let frames = if orphans.is_empty() { frames } else { &[frames, &orphans[..]].concat() };
