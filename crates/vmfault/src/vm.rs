@@ -230,8 +230,8 @@ impl Drop for Life {
                 let _ = t.join();
             }
         }
-        // What the grace-period thread had still to drop (retired
-        // snapshots hold objects, which hold the machine: a cycle else).
+        // Retired snapshots still queued to drop (they hold objects, which
+        // hold the machine: a cycle else).
         if let Some(d) = &self.m.phys.deferred {
             d.drop_aged(&self.m.rcu, true);
         }

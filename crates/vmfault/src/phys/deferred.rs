@@ -25,9 +25,9 @@
 //!   the same lists as *drops*; the grace-period thread ages them (it runs
 //!   grace periods while any are queued) and their owner drops the aged
 //!   ones at its next change, so that a munmap waits for none. An
-//!   allocation that finds nothing drops the aged ones itself (in
+//!   allocation that finds nothing drops every list's aged ones itself (in
 //!   `flush_deferred`, after its grace period) and waits for drops under
-//!   way on the thread (`dropping`) before it reports `ENOMEM`. A drop
+//!   way on other threads (`dropping`) before it reports `ENOMEM`. A drop
 //!   takes no lock an allocating vCPU may hold: what it drops is
 //!   unreachable (its object locks are nobody else's, no mapping maps its
 //!   pages), and the registries it leaves (anonymous objects, files, swap
@@ -47,10 +47,10 @@ use std::sync::Mutex;
 use super::Pfn;
 use crate::sync::CachePadded;
 use crate::sync::rcu::{GpCookie, Rcu, Retired};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A value whose drop waits for a grace period (see the module docs).
 pub(crate) type LateDrop = Retired<Box<dyn Send>>;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Frames a list holds before a free wakes the grace-period thread.
 pub(crate) const WAKE_FRAMES: u64 = 256;
@@ -188,32 +188,29 @@ impl Deferred {
     /// free on another thread costs glibc's arena lock). Cheap when the
     /// list has none (one load).
     pub(crate) fn drop_aged_of(&self, i: usize, rcu: &Rcu, all: bool) -> u64 {
-        let mut n = 0;
-        {
-            let l = &self.lists[i];
-            if l.late.load(Ordering::Relaxed) == 0 {
-                return 0;
-            }
-            if all {
-                // Not under the list's mutex (a leaf: never held across a
-                // grace period).
-                rcu.synchronize();
-            }
-            let (aged, _dropping) = {
-                let mut q = l.drops.lock().unwrap_or_else(|p| p.into_inner());
-                let aged = rcu.reclaim(&mut q, false);
-                let k = aged.len() as u64;
-                // Being dropped before they leave the queue's count (as
-                // frames go in transit): none is ever counted nowhere.
-                self.dropping.fetch_add(k, Ordering::AcqRel);
-                l.late.store(l.late.load(Ordering::Relaxed) - k, Ordering::Relaxed);
-                (aged, InTransit { d: self, count: &self.dropping, n: k })
-            };
-            n += aged.len() as u64;
-            // Outside the lock (a drop frees frames onto these lists), and
-            // before `_dropping` reports them placed, also on a panic.
-            drop(aged);
+        let l = &self.lists[i];
+        if l.late.load(Ordering::Relaxed) == 0 {
+            return 0;
         }
+        if all {
+            // Not under the list's mutex (a leaf: never held across a
+            // grace period).
+            rcu.synchronize();
+        }
+        let (aged, _dropping) = {
+            let mut q = l.drops.lock().unwrap_or_else(|p| p.into_inner());
+            let aged = rcu.reclaim(&mut q, false);
+            let k = aged.len() as u64;
+            // Being dropped before they leave the queue's count (as frames
+            // go in transit): none is ever counted nowhere.
+            self.dropping.fetch_add(k, Ordering::AcqRel);
+            l.late.store(q.len() as u64, Ordering::Relaxed);
+            (aged, InTransit { d: self, count: &self.dropping, n: k })
+        };
+        let n = aged.len() as u64;
+        // Outside the lock (a drop frees frames onto these lists), and
+        // before `_dropping` reports them placed, also on a panic.
+        drop(aged);
         n
     }
 

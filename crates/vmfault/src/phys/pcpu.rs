@@ -139,8 +139,8 @@ impl<'a> Frames<'a> {
         // while this drain looked elsewhere, are not gone: look again until
         // a whole drain saw none in flight.
         if let Some(d) = &self.phys.deferred {
-            // So are retired snapshots the grace-period thread is dropping
-            // (each drain drops the aged ones itself: `flush_deferred`).
+            // So are retired snapshots another thread is dropping (each
+            // drain drops the aged ones itself: `flush_deferred`).
             while d.dropping() > 0 || d.in_transit() > 0 || d.placements() != placements {
                 placements = d.placements();
                 std::thread::yield_now();
