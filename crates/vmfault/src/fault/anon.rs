@@ -223,6 +223,7 @@ impl Lack {
 /// caller looked; `slot`, the object's slot for `pindex` if the caller
 /// has reserved it already.
 #[allow(clippy::too_many_arguments)]
+#[inline]
 pub(super) fn new_page<'p>(
     ctx: &Ctx<'_>,
     frames: &Frames<'p>,
@@ -255,6 +256,7 @@ pub(super) fn new_page<'p>(
 
 /// Fill the frame of [`new_page`] (the bulk of a fault's work): a copy of
 /// the page below that `found` names, else zeros.
+#[inline]
 pub(super) fn filled<'p>(frames: &Frames<'_>, mut fresh: Option<Fresh<'p>>, found: Found) -> Option<Fresh<'p>> {
     if let Some(new) = fresh.as_mut() {
         match found {
@@ -300,6 +302,7 @@ pub(super) struct Commit<'a> {
 /// - Inside an RCU read-side section; `_ptl` is the PTE lock of `leaf`.
 /// - `vma` is stable, or the caller has re-validated it under `_ptl`.
 #[allow(clippy::too_many_arguments)]
+#[inline]
 pub(super) fn commit_locked(
     ctx: &Ctx<'_>,
     frames: &Frames<'_>,

@@ -186,6 +186,7 @@ pub(crate) fn handle(
 
 /// [`handle`], for a fault the software MMU found (`looked`: inside its
 /// section, which is this vCPU's only one).
+#[inline]
 pub(crate) fn handle_looked(
     ctx: &Ctx<'_>,
     space: &Space,

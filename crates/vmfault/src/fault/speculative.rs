@@ -37,6 +37,7 @@ use crate::vm::Ctx;
 /// Try to resolve `fault` without the map lock.
 /// `looked`: the software MMU's section and walk, to go on from (the
 /// section ends on return, so a fallback runs outside it).
+#[inline]
 pub(super) fn fault(
     ctx: &Ctx<'_>,
     space: &Space,

@@ -158,6 +158,7 @@ impl Object {
 
     /// Make sure the index has a slot for `pindex`, allocating index nodes
     /// now (before any lock, so that `insert` need not), and return it.
+    #[inline]
     pub(crate) fn reserve<'p>(&self, frames: &Frames<'p>, pindex: u64) -> Result<Slot<'p>, OutOfFrames> {
         let (leaf, _) = self.index.leaf_alloc(frames, pindex)?;
         Ok(Slot { leaf, object: self.id, pindex })
@@ -174,6 +175,7 @@ impl Object {
     /// Insert a filled page at the index of `slot` (reserved in this
     /// object). Returns the page now there: ours, or the one another vCPU
     /// inserted first (ours is then freed). Never fails: the slot exists.
+    #[inline]
     pub(crate) fn insert(&self, frames: &Frames<'_>, slot: Slot<'_>, page: OwnedFrame) -> Insert {
         assert_eq!(slot.object, self.id, "a slot of object {} used for object {}", slot.object, self.id);
         let (phys, leaf, pindex) = (frames.phys(), slot.leaf, slot.pindex);

@@ -75,6 +75,7 @@ impl<'a> Frames<'a> {
     }
 
     /// One allocation attempt: the magazine, refilled on a miss.
+    #[inline]
     fn alloc_once(&self) -> Option<u32> {
         let phys = self.phys;
         let (Some(cpu), Some(pcp)) = (&self.cpu, &phys.pcp) else {
@@ -114,6 +115,7 @@ impl<'a> Frames<'a> {
     /// Allocate a frame; when no frame is free on the global list, drain
     /// every per-CPU cache and try again, then, with swap, wait for the
     /// page daemon (`reclaim`); neither inside a read-side section.
+    #[inline]
     pub(crate) fn alloc(&self) -> Option<OwnedFrame> {
         let f = self.find_frame()?;
         if let Some(cpu) = &self.cpu {
@@ -122,6 +124,7 @@ impl<'a> Frames<'a> {
         Some(f)
     }
 
+    #[inline]
     fn find_frame(&self) -> Option<OwnedFrame> {
         if let Some(p) = self.alloc_once() {
             return Some(OwnedFrame(Pfn(p)));
