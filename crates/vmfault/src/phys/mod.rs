@@ -360,6 +360,7 @@ impl PhysMem {
         let page = self.page(pfn);
         page.set_kind(kind, Kind::Owned);
         page.object.store(0, Ordering::Relaxed);
+        page.children.store(0, Ordering::Relaxed);
         page.refs.clear();
         // Marked for a queue before publication, the frame may have been
         // linked meanwhile by a stale batch entry or the daemon (a former
@@ -398,6 +399,7 @@ impl PhysMem {
         assert!(matches!(kind, Kind::Data | Kind::Table | Kind::Index), "freeing a {kind:?} frame");
         page.set_kind(kind, Kind::Owned);
         page.object.store(0, Ordering::Relaxed);
+        page.children.store(0, Ordering::Relaxed);
         page.refs.clear();
         pfn.0
     }

@@ -76,9 +76,16 @@ pub(crate) struct Page {
     pub(crate) qnext: AtomicU32,
     /// `[Q]` see `qnext`.
     pub(crate) qprev: AtomicU32,
+    /// `[a]` for a `TABLE` or `INDEX` node above the leaves: how many of
+    /// its entries are non-zero (children). Added to by the CAS that
+    /// attaches a child (`pmap::radix`), taken from by the prune that
+    /// detaches one; read by the teardown of a subtree nobody else can
+    /// reach, which stops scanning when it has found them all. Zero while
+    /// the frame is free, and for every other kind.
+    pub(crate) children: AtomicU32,
 }
 
-/// The budget of shared/DESIGN.md: at most 64 bytes per frame (44 used).
+/// The budget of shared/DESIGN.md: at most 64 bytes per frame (48 used).
 /// Not under loom, whose model atomics are larger than the real ones.
 #[cfg(not(loom))]
 const _: () = assert!(std::mem::size_of::<Page>() <= 64);
@@ -95,6 +102,7 @@ impl Page {
             queue: AtomicU32::new(0),
             qnext: AtomicU32::new(0),
             qprev: AtomicU32::new(0),
+            children: AtomicU32::new(0),
         }
     }
 

@@ -167,6 +167,7 @@ impl Radix {
 
     /// The leaf entry for `index`, adding missing nodes (levels on top
     /// too). Returns how many nodes this call added, for accounting.
+    #[inline]
     pub(crate) fn leaf_alloc<'p>(&self, frames: &Frames<'p>, index: u64) -> Result<(Leaf<'p>, u32), OutOfFrames> {
         if index >= self.limit() {
             return Err(OutOfFrames);
@@ -188,6 +189,7 @@ impl Radix {
                 // Release publishes the zeroed contents with the pointer.
                 match slot.compare_exchange(0, entry_for(child), Ordering::AcqRel, Ordering::Acquire) {
                     Ok(_) => {
+                        phys.page(node).children.fetch_add(1, Ordering::Relaxed);
                         e = entry_for(child);
                         added += 1;
                     }
@@ -221,6 +223,7 @@ impl Radix {
             } else {
                 // Unreachable until the CAS below (Release) publishes it.
                 phys.words(node)[0].store(entry_for(Pfn((cur >> 12) as u32)), Ordering::Relaxed);
+                phys.page(node).children.store(1, Ordering::Relaxed);
                 (u64::from(node.0) << 12) | u64::from(height + 1)
             };
             match self.root.compare_exchange(cur, word, Ordering::AcqRel, Ordering::Acquire) {
@@ -348,6 +351,7 @@ fn prune_node(phys: &PhysMem, node: Pfn, level: u32, base: u64, r: &PruneRange, 
         let hi = lo + span(level);
         if r.floor <= lo && hi <= r.ceiling {
             slot.store(0, Ordering::Release);
+            phys.page(node).children.fetch_sub(1, Ordering::Relaxed);
             collect(phys, child_of(e), level - 1, out, None);
         } else {
             prune_node(phys, child_of(e), level - 1, lo, r, out);
@@ -355,12 +359,27 @@ fn prune_node(phys: &PhysMem, node: Pfn, level: u32, base: u64, r: &PruneRange, 
     }
 }
 
+/// Push `node` and its subtree onto `out` (and, with `leaves`, the present
+/// leaf entries' values). The subtree is the caller's alone: detached by a
+/// prune that excludes `leaf_alloc` over its range, or a whole tree torn
+/// down, so the nodes' child counts are exact and the scan of a node
+/// stops at its last child (a node of one child among 512 slots was most
+/// of `malloc1`'s teardown). A leaf node's entries are read only when they
+/// are wanted (`leaves`) or checked (debug builds).
 fn collect(phys: &PhysMem, node: Pfn, level: u32, out: &mut Vec<Pfn>, mut leaves: Option<&mut Vec<u64>>) {
-    for slot in phys.words(node).iter() {
-        let e = slot.load(Ordering::Acquire);
-        if e == 0 {
-            continue;
-        }
+    let mut left = match level {
+        0 if leaves.is_some() || cfg!(debug_assertions) => u32::MAX,
+        0 => 0,
+        _ => phys.page(node).children.load(Ordering::Relaxed),
+    };
+    let words = phys.words(node);
+    let mut i = 0;
+    while left > 0 || (level > 0 && cfg!(debug_assertions)) {
+        let Some((at, e)) = next_nonzero(words, i) else { break };
+        i = at + 1;
+        // Diagnostic: a child past the count would leak its subtree.
+        debug_assert!(level == 0 || left > 0, "node {node:?} at level {level} has more children than it counts");
+        left = left.saturating_sub(1);
         if level == 0 {
             match leaves.as_deref_mut() {
                 Some(l) => l.push(e),
@@ -373,6 +392,29 @@ fn collect(phys: &PhysMem, node: Pfn, level: u32, out: &mut Vec<Pfn>, mut leaves
         }
     }
     out.push(node);
+}
+
+/// The first non-zero entry of `words` at or after `from`, with its
+/// position. Eight words are tested at a time (one branch per 64 bytes:
+/// the nodes a teardown reads are mostly empty); the entry found is read
+/// again with Acquire, pairing with the Release that published it.
+fn next_nonzero(words: &[AtomicU64; WORDS], from: usize) -> Option<(usize, u64)> {
+    let mut i = from;
+    while i < WORDS {
+        if i % 8 == 0 && i + 8 <= WORDS {
+            let any = words[i..i + 8].iter().fold(0, |acc, w| acc | w.load(Ordering::Relaxed));
+            if any == 0 {
+                i += 8;
+                continue;
+            }
+        }
+        let e = words[i].load(Ordering::Acquire);
+        if e != 0 {
+            return Some((i, e));
+        }
+        i += 1;
+    }
+    None
 }
 
 #[cfg(all(test, not(loom)))]
@@ -474,5 +516,55 @@ mod tests {
         r.prune(&phys, all(0, 1, 0, TABLE_LIMIT), &mut out2);
         assert_eq!(out2.len(), 3);
         assert!(r.leaf(&phys, 0).is_none());
+    }
+
+    /// Every interior node's child count equals its non-zero entries.
+    fn check_children(phys: &PhysMem, node: Pfn, level: u32) -> usize {
+        if level == 0 {
+            return 1;
+        }
+        let mut nodes = 1;
+        let kids: Vec<u64> = phys.words(node).iter().map(|w| w.load(Ordering::Relaxed)).filter(|&e| e != 0).collect();
+        assert_eq!(
+            phys.page(node).children.load(Ordering::Relaxed) as usize,
+            kids.len(),
+            "node {node:?} level {level}"
+        );
+        for e in kids {
+            nodes += check_children(phys, child_of(e), level - 1);
+        }
+        nodes
+    }
+
+    #[test]
+    fn child_counts_stay_exact_through_attach_prune_and_teardown() {
+        let (rcu, _r) = crate::sync::rcu::Rcu::new(1);
+        let phys = PhysMem::new(256, false, &rcu, NO_PCP, false, false).unwrap();
+        let frames = Frames::global(&phys);
+        let free = phys.global_free_frames();
+        let mut r = Radix::table(&frames).unwrap();
+        let all = |start, end, floor, ceiling| PruneRange { start, end, floor, ceiling };
+        let spots = [0u64, 511, 512, 5 << 18, (5 << 18) + 700, 1 << 27, (1 << 27) + (3 << 9), TABLE_LIMIT - 1];
+        let mut pruned = Vec::new();
+        for round in 0..3 {
+            for &i in &spots {
+                r.leaf_alloc(&frames, i).unwrap();
+            }
+            let (root, height) = r.top().unwrap();
+            let nodes = check_children(&phys, root, height - 1);
+            assert_eq!(nodes as u64 + pruned.len() as u64, free - phys.global_free_frames(), "round {round}");
+            // Prune a whole level-1 subtree and a lone leaf node.
+            r.prune(&phys, all(5 << 18, 6 << 18, 5 << 18, 6 << 18), &mut pruned);
+            r.prune(&phys, all(512, 1024, 512, 1024), &mut pruned);
+            check_children(&phys, root, height - 1);
+        }
+        let (mut out, mut leaves) = (Vec::new(), Vec::new());
+        r.teardown(&phys, &mut out, &mut leaves);
+        assert!(leaves.is_empty());
+        assert_eq!((out.len() + pruned.len()) as u64, free - phys.global_free_frames(), "every node found once");
+        out.extend(&pruned);
+        out.sort_unstable();
+        out.dedup();
+        assert_eq!((out.len()) as u64, free - phys.global_free_frames(), "no node twice");
     }
 }
