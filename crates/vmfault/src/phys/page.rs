@@ -59,7 +59,9 @@ pub(crate) struct Page {
     pub(crate) ptl: AtomicU32,
     /// `[O]` id of the object that owns this `DATA` page (0: none).
     pub(crate) object: AtomicU64,
-    /// `[O]` index of this page in its object.
+    /// `[O]` index of this page in its object. For an `INDEX` node that is
+    /// (or was) the root of an object's index: the first index it covers,
+    /// set before the root is published, never changed (`pmap::radix`).
     pub(crate) pindex: AtomicU64,
     /// `[a]` the reference count of a `DATA` page: the object's reference
     /// and wirings (`sync::refcount`, its state table there).

@@ -7,11 +7,21 @@
 //! - A page table has a fixed height of 4 levels (36 bits of index: the
 //!   2^35 pages of a 47-bit address space), its root allocated up front.
 //! - An object index grows as Linux's xarray does: empty, it has no node
-//!   at all; its first entry gets a root just high enough for its index,
-//!   and an index beyond the current height adds a level on top (the old
-//!   root becomes slot 0 of the new one). Up to [`MAX_HEIGHT`] levels: file
-//!   offsets up to 2^63 (pages below 2^51), as Linux allows. A small file's
-//!   index is one frame; an object nobody wrote costs none.
+//!   at all; its first entry gets a one-level root, and an index beyond
+//!   the root's reach adds a level on top (the old root becomes one slot
+//!   of the new one). Up to [`MAX_HEIGHT`] levels: file offsets up to 2^63
+//!   (pages below 2^51), as Linux allows. A small file's index is one
+//!   frame; an object nobody wrote costs none.
+//! - The root of an object index covers an aligned block of indexes that
+//!   need not start at 0: its *base* (the first index it covers, a
+//!   multiple of its span) is kept in the root node's descriptor, set
+//!   before the root is published and never changed. An anonymous
+//!   object's indexes are its mapping's page numbers (`addr >> 12`, as
+//!   Linux's `vm_pgoff`), around 2^35: rooted at 0, one touched page cost
+//!   five nodes, and `malloc1` zeroed and scanned them all on every loop.
+//!   Within the root's block the slot digits of an index are those of its
+//!   offset from the base, so only the bounds checks see the base. A page
+//!   table's base is 0.
 //!
 //! Every index bound is a real check: a lookup beyond the tree finds
 //! nothing, an insertion beyond the limit fails (callers' own checks
@@ -20,9 +30,11 @@
 //!
 //! # Concurrency
 //! - The root word holds the root node's frame and the height together,
-//!   so a lockless walker reads both in one Acquire load; the node it
-//!   names stays valid (a root replaced by growth is the new root's slot 0;
-//!   nodes are freed only by prune and teardown, after a grace period).
+//!   so a lockless walker reads both in one Acquire load, and the base in
+//!   the node's descriptor, written before the Release that published the
+//!   word; the node it names stays valid (a root replaced by growth is a
+//!   slot of the new one, with the same base and height; nodes are freed
+//!   only by prune and teardown, after a grace period).
 //! - Lookups are lockless: Acquire loads of each level's entry. The Acquire
 //!   pairs with the Release CAS that published the child node (or the new
 //!   root), which was zeroed (plainly, as an `OwnedFrame`) before it.
@@ -76,11 +88,18 @@ fn span(level: u32) -> u64 {
     1 << (BITS * level)
 }
 
-/// The height a tree needs to hold `index`.
+/// Whether a root of `height` levels with first index `base` covers `index`.
 #[inline]
-fn height_for(index: u64) -> u32 {
-    let bits = 64 - index.leading_zeros();
-    bits.div_ceil(BITS).max(1)
+fn covers(base: u64, height: u32, index: u64) -> bool {
+    index.wrapping_sub(base) < span(height)
+}
+
+/// A tree's root as a walker reads it (see [`Radix::top`]).
+#[derive(Debug, Clone, Copy)]
+struct Top {
+    node: Pfn,
+    height: u32,
+    base: u64,
 }
 
 /// The tree ran out of frames for a node (or, which callers exclude, the
@@ -131,13 +150,19 @@ impl Radix {
         if self.max_height == TABLE_LEVELS { TABLE_LIMIT } else { OBJECT_LIMIT }
     }
 
-    /// The root node and the height, if the tree has a node.
+    /// The root node, the height and the base (the first index the root
+    /// covers), if the tree has a node.
     #[inline]
-    fn top(&self) -> Option<(Pfn, u32)> {
+    fn top(&self, phys: &PhysMem) -> Option<Top> {
         // Acquire pairs with the Release CAS that published the root (and
-        // the old root in its slot 0, for a growth).
+        // the old root in its slot, for a growth) and its base.
         let w = self.root.load(Ordering::Acquire);
-        (w != 0).then_some((Pfn((w >> 12) as u32), (w & HEIGHT_MASK) as u32))
+        if w == 0 {
+            return None;
+        }
+        let (node, height) = (Pfn((w >> 12) as u32), (w & HEIGHT_MASK) as u32);
+        let base = if self.kind == Kind::Table { 0 } else { phys.page(node).pindex.load(Ordering::Relaxed) };
+        Some(Top { node, height, base })
     }
 
     /// The leaf entry for `index`, if every level above it exists (none
@@ -147,8 +172,8 @@ impl Radix {
     /// exclude pruning, for as long as it uses the result.
     #[inline]
     pub(crate) fn leaf<'p>(&self, phys: &'p PhysMem, index: u64) -> Option<Leaf<'p>> {
-        let (mut node, mut level) = self.top()?;
-        if index >= span(level) {
+        let Top { mut node, height: mut level, base } = self.top(phys)?;
+        if !covers(base, level, index) {
             return None;
         }
         // (A countdown, not a reversed range: this runs on every access.)
@@ -173,10 +198,10 @@ impl Radix {
             return Err(OutOfFrames);
         }
         let phys = frames.phys();
-        // The fast path: the tree is tall enough already (one load).
-        let (mut added, (mut node, height)) = match self.top() {
-            Some((root, height)) if index < span(height) => (0, (root, height)),
-            _ => (self.grow(frames, height_for(index))?, self.top().expect("grown")),
+        // The fast path: the root covers `index` already.
+        let (mut added, Top { mut node, height, .. }) = match self.top(phys) {
+            Some(t) if covers(t.base, t.height, index) => (0, t),
+            _ => (self.grow(frames, index)?, self.top(phys).expect("grown")),
         };
         for level in (1..height).rev() {
             let slot = &phys.words(node)[slot_at(index, level)];
@@ -205,31 +230,40 @@ impl Radix {
         Ok((Leaf { entry: &phys.words(node)[slot_at(index, 0)], node }, added))
     }
 
-    /// Make the tree at least `want` levels high: a first root of that
-    /// height, or new roots on top of the old one. Returns the nodes added.
-    fn grow(&self, frames: &Frames<'_>, want: u32) -> Result<u32, OutOfFrames> {
+    /// Make the root cover `index` (an object index: tables have their
+    /// root from the start): a first one-level root, or new roots on top
+    /// of the old one. Returns the nodes added.
+    fn grow(&self, frames: &Frames<'_>, index: u64) -> Result<u32, OutOfFrames> {
         let phys = frames.phys();
         let mut added = 0;
         loop {
             let cur = self.root.load(Ordering::Acquire);
-            let height = (cur & HEIGHT_MASK) as u32;
-            if cur != 0 && height >= want {
+            let top = self.top(phys);
+            if top.is_some_and(|t| covers(t.base, t.height, index)) {
                 return Ok(added);
             }
             let fresh: OwnedFrame = frames.alloc_zeroed().ok_or(OutOfFrames)?;
             let node = phys.publish(fresh, self.kind);
-            let word = if cur == 0 {
-                (u64::from(node.0) << 12) | u64::from(want)
-            } else {
-                // Unreachable until the CAS below (Release) publishes it.
-                phys.words(node)[0].store(entry_for(Pfn((cur >> 12) as u32)), Ordering::Relaxed);
-                phys.page(node).children.store(1, Ordering::Relaxed);
-                (u64::from(node.0) << 12) | u64::from(height + 1)
+            debug_assert!(top.is_none_or(|t| t.height < MAX_HEIGHT), "a full-height root covers every index");
+            // Unreachable until the CAS below (Release) publishes it.
+            let (height, base, slot) = match top {
+                None => (1, index & !(span(1) - 1), None),
+                Some(t) => {
+                    let base = t.base & !(span(t.height + 1) - 1);
+                    let slot = ((t.base - base) / span(t.height)) as usize;
+                    phys.words(node)[slot].store(entry_for(t.node), Ordering::Relaxed);
+                    phys.page(node).children.store(1, Ordering::Relaxed);
+                    (t.height + 1, base, Some(slot))
+                }
             };
+            phys.page(node).pindex.store(base, Ordering::Relaxed);
+            let word = (u64::from(node.0) << 12) | u64::from(height);
             match self.root.compare_exchange(cur, word, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => added += 1,
                 Err(_) => {
-                    phys.words(node)[0].store(0, Ordering::Relaxed);
+                    if let Some(slot) = slot {
+                        phys.words(node)[slot].store(0, Ordering::Relaxed);
+                    }
                     frames.free_owned(phys.unpublish(node, self.kind));
                 }
             }
@@ -240,15 +274,15 @@ impl Radix {
     /// `start..end`; `base` is the index of the node's first entry. Absent
     /// subtrees are skipped. Same caller rule as [`Radix::leaf`].
     pub(crate) fn for_each_leaf_node(&self, phys: &PhysMem, start: u64, end: u64, mut f: impl FnMut(u64, Pfn)) {
-        let Some((root, height)) = self.top() else { return };
-        let end = end.min(span(height));
+        let Some(Top { node, height, base }) = self.top(phys) else { return };
+        let (start, end) = (start.max(base), end.min(base + span(height)));
         if start >= end {
             return;
         }
         if height == 1 {
-            f(0, root);
+            f(base, node);
         } else {
-            walk(phys, root, height - 1, 0, start, end, &mut f);
+            walk(phys, node, height - 1, base, start, end, &mut f);
         }
     }
 
@@ -281,11 +315,11 @@ impl Radix {
     ///
     /// The caller excludes concurrent `leaf_alloc` in `floor..ceiling`.
     pub(crate) fn prune(&self, phys: &PhysMem, r: PruneRange, out: &mut Vec<Pfn>) {
-        let Some((root, height)) = self.top() else { return };
-        let r = PruneRange { ceiling: r.ceiling.min(span(height)), start: r.start.max(r.floor), ..r };
+        let Some(Top { node, height, base }) = self.top(phys) else { return };
+        let r = PruneRange { ceiling: r.ceiling.min(base + span(height)), start: r.start.max(r.floor).max(base), ..r };
         let r = PruneRange { end: r.end.min(r.ceiling), ..r };
         if r.start < r.end {
-            prune_node(phys, root, height - 1, 0, &r, out);
+            prune_node(phys, node, height - 1, base, &r, out);
         }
     }
 
@@ -293,8 +327,8 @@ impl Radix {
     /// entries' values onto `leaves`. The caller owns the tree exclusively
     /// (`&mut self`); frames still go through a grace period when freed.
     pub(crate) fn teardown(&mut self, phys: &PhysMem, out: &mut Vec<Pfn>, leaves: &mut Vec<u64>) {
-        if let Some((root, height)) = self.top() {
-            collect(phys, root, height - 1, out, Some(leaves));
+        if let Some(t) = self.top(phys) {
+            collect(phys, t.node, t.height - 1, out, Some(leaves));
         }
         *self.root.get_mut() = 0;
     }
@@ -488,6 +522,40 @@ mod tests {
     }
 
     #[test]
+    fn an_index_rooted_far_from_zero_costs_nodes_for_its_span_only() {
+        let (rcu, _r) = crate::sync::rcu::Rcu::new(1);
+        let phys = PhysMem::new(64, false, &rcu, NO_PCP, false, false).unwrap();
+        let frames = Frames::global(&phys);
+        let free = phys.global_free_frames();
+        let mut r = Radix::index();
+        // An anonymous mapping's page numbers: around 2^35.
+        let at = (1u64 << 35) + 3;
+        assert_eq!(r.leaf_alloc(&frames, at).unwrap().1, 1, "one node, not five");
+        r.leaf(&phys, at).unwrap().entry.store(1, Ordering::Relaxed);
+        assert!(r.leaf(&phys, at - 4).is_none() && r.leaf(&phys, at + 509).is_none() && r.leaf(&phys, 3).is_none());
+        // A neighbour block: a root on top, the old root in its slot.
+        assert_eq!(r.leaf_alloc(&frames, at + 600).unwrap().1, 2);
+        r.leaf(&phys, at + 600).unwrap().entry.store(2, Ordering::Relaxed);
+        // Below the base, then far below: roots on top until one covers it.
+        for (i, &k) in [at - 4, 5, OBJECT_LIMIT - 1].iter().enumerate() {
+            r.leaf_alloc(&frames, k).unwrap().0.entry.store(3 + i as u64, Ordering::Relaxed);
+        }
+        let mut seen = Vec::new();
+        r.for_each_present(&phys, 0, u64::MAX, |i, l| seen.push((i, l.entry.load(Ordering::Relaxed))));
+        assert_eq!(seen, vec![(5, 4), (at - 4, 3), (at, 1), (at + 600, 2), (OBJECT_LIMIT - 1, 5)]);
+        let mut part = Vec::new();
+        r.for_each_present(&phys, at - 3, at + 601, |i, _| part.push(i));
+        assert_eq!(part, vec![at, at + 600]);
+        for &(k, v) in &seen {
+            assert_eq!(r.leaf(&phys, k).unwrap().entry.load(Ordering::Relaxed), v);
+        }
+        let (mut out, mut leaves) = (Vec::new(), Vec::new());
+        r.teardown(&phys, &mut out, &mut leaves);
+        assert_eq!(leaves, vec![4, 3, 1, 2, 5]);
+        assert_eq!(out.len() as u64, free - phys.global_free_frames(), "teardown finds every node");
+    }
+
+    #[test]
     fn prune_frees_only_whole_subtrees() {
         let (rcu, _r) = crate::sync::rcu::Rcu::new(1);
         let phys = PhysMem::new(64, false, &rcu, NO_PCP, false, false).unwrap();
@@ -550,7 +618,7 @@ mod tests {
             for &i in &spots {
                 r.leaf_alloc(&frames, i).unwrap();
             }
-            let (root, height) = r.top().unwrap();
+            let Top { node: root, height, .. } = r.top(&phys).unwrap();
             let nodes = check_children(&phys, root, height - 1);
             assert_eq!(nodes as u64 + pruned.len() as u64, free - phys.global_free_frames(), "round {round}");
             // Prune a whole level-1 subtree and a lone leaf node.
