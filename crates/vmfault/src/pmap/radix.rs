@@ -435,7 +435,7 @@ fn collect(phys: &PhysMem, node: Pfn, level: u32, out: &mut Vec<Pfn>, mut leaves
 fn next_nonzero(words: &[AtomicU64; WORDS], from: usize) -> Option<(usize, u64)> {
     let mut i = from;
     while i < WORDS {
-        if i % 8 == 0 && i + 8 <= WORDS {
+        if i.is_multiple_of(8) && i + 8 <= WORDS {
             let any = words[i..i + 8].iter().fold(0, |acc, w| acc | w.load(Ordering::Relaxed));
             if any == 0 {
                 i += 8;
