@@ -322,9 +322,12 @@ impl VmaTree {
     /// parts, clipped to the range, in address order. Does not wait for
     /// the read-lockers of the retired VMAs: `MapWrite::carve` does.
     pub(crate) fn carve_no_wait(&mut self, start: u64, end: u64) -> Vec<Arc<Vma>> {
-        let hit: Vec<Arc<Vma>> = self.overlapping(start, end).cloned().collect();
-        let mut removed = Vec::with_capacity(hit.len());
-        for v in hit {
+        let mut removed = Vec::new();
+        // One lookup per VMA, not an iterator (whose stack, and the list of
+        // what it found, were two heap allocations on every munmap): the
+        // parts put back lie outside the range, so the next lookup finds
+        // the next VMA that overlaps it.
+        while let Some(v) = self.find_from(start).filter(|v| v.start < end).cloned() {
             self.remove(&v);
             if v.start < start {
                 self.put(Arc::new(v.clip(v.start, start)));
