@@ -4,8 +4,6 @@
 //! is how `vmfault bench --set key=value` and `--compare key=a,b` reach it;
 //! [`VmConfig::knobs`] lists them all with their current values.
 
-#![deny(unsafe_code)]
-
 use crate::error::{Error, Result};
 
 /// How page faults find and pin their VMA.

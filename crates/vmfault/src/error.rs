@@ -4,8 +4,6 @@
 //! Messages name the operation, what was wrong and the offending value, e.g.
 //! `mprotect: address not page-aligned (0x7f0000000123)`.
 
-#![deny(unsafe_code)]
-
 use std::fmt;
 
 /// Which public operation an error came from (used in messages).

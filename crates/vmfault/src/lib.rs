@@ -22,12 +22,30 @@
 //! # Ok::<(), vmfault::Error>(())
 //! ```
 //!
+//! ## How to find your way
+//!
+//! | to read | start at |
+//! |---|---|
+//! | a fault, from the access to the PTE | `aspace/access.rs` (the software MMU: walk, miss) -> `fault/mod.rs` (`handle_looked` picks the path) -> `fault/speculative.rs`, `fault/vma_lock.rs` or `fault/classic.rs` -> `fault/anon.rs` (`new_page`, `commit_locked`, shared by all three) -> `object/mod.rs` (`reserve`, `insert`) and `pmap/table.rs` |
+//! | the lock order and the lock tags | below, in this file; each field's tag in its doc comment |
+//! | the frame protocol (owned, published, freed after a grace period) | `phys/mod.rs` (its three rules), `phys/page.rs` (frame kinds) |
+//! | a page's life: allocation, order, freeing | `phys/pcpu.rs` (`Frames::alloc`), `phys/freelist.rs`, `phys/deferred.rs` (`free_path=deferred`) |
+//! | address-space changes | one file per call in `aspace/` (`mmap.rs`, `munmap.rs`, ...); the VMA index and its RCU snapshot in `aspace/vma.rs`, `aspace/ptree.rs`, `aspace/mod.rs` (`MapWrite`) |
+//! | per-CPU page caches (OpenBSD) | `phys/pcpu.rs` over `sync/percpu.rs` |
+//! | remote drain of per-CPU lists by RCU (Linux) | `sync/percpu.rs` (`drain_all`), `sync/rcu.rs`, the daemon in `reclaim/mod.rs` |
+//! | speculative faults and per-VMA locks (Linux) | `fault/speculative.rs`, `fault/vma_lock.rs`, the VMA state word in `sync/vma_state.rs` |
+//! | atomic page reference counts (FreeBSD) | `sync/refcount.rs`, `phys/wiring.rs` |
+//! | reverse mapping without pv entries (DragonFly) | `object/rmap.rs`, `aspace/rmap.rs` (backing records; `rmap=pv` for comparison) |
+//! | swap and the page daemon | `reclaim/`, `phys/queues.rs`, `object/swap.rs` |
+//! | every knob | `config.rs` (`VmConfig`); counters in `stats.rs` |
+//! | the layer order | the table below; `tests/layering.rs` fails on an import of a higher layer not on its list of those left |
+//!
 //! ## Architecture
 //!
 //! | layer | module | what |
 //! |---|---|---|
 //! | sync | [`sync`] | our RCU with a blocking `synchronize`, vCPU slots, per-vCPU magazines with remote drain, the VMA state word (SPF sequence and per-VMA lock), the PTE word lock, the page reference count (FreeBSD), the loom shim |
-//! | phys | `phys` | frame arena, 64-byte page descriptors, the global free stack, per-CPU page caches, page queues, the frame protocol |
+//! | phys | `phys` | frame arena, 64-byte page descriptors, the global free list, per-CPU page caches, deferred frees, page queues, the page daemon's doorbell, the frame protocol |
 //! | pmap | `pmap` | frame-backed radix trees: page tables (PTE locks, zap, protect, prune) and object indexes |
 //! | object | `object` | VM objects owning pages by index (private and shared anonymous), shadow chains for copy-on-write after `fork` |
 //! | aspace | `aspace` | [`AddressSpace`]: VMA index (and its RCU snapshot), one file per operation, the software MMU |
@@ -35,8 +53,14 @@
 //! | fault | `fault` | the fault path: classic (map lock), speculative, per-VMA lock; anonymous-page resolution shared by all three |
 //! | stats | [`stats`] | per-vCPU counters summed on read |
 //!
-//! Only `sync`, `phys` and `pmap` contain `unsafe`; every other module is
-//! `#![deny(unsafe_code)]`.
+//! Layers import downward only (types, error and stats at the bottom,
+//! config just above phys, reclaim just below vm), but for the back edges
+//! `tests/layering.rs` lists, which may only shrink: most are the vCPU
+//! context `vm::Ctx` and the `Machine`, which every layer still reaches.
+//!
+//! The crate denies `unsafe_code`; five files of `sync` and `phys` allow it
+//! (`phys/arena.rs`, `phys/mod.rs`, `sync/cpu.rs`, `sync/percpu.rs`,
+//! `sync/rcu.rs`), each block with its `// SAFETY:` argument.
 //!
 //! ## Lock order (outer to inner)
 //!
@@ -116,6 +140,7 @@
 //! for what that changes: `write(2)` to a mapped file is not seen).
 
 #![warn(missing_docs)]
+#![deny(unsafe_code)]
 
 mod aspace;
 pub mod config;

@@ -9,8 +9,6 @@
 //! Names follow the seeds where they name something (`spf_*` from the
 //! speculative page fault series, `pcp_*` from OpenBSD's per-CPU caches).
 
-#![deny(unsafe_code)]
-
 use std::sync::atomic::{AtomicU64, Ordering};
 
 macro_rules! stats {

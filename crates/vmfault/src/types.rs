@@ -4,8 +4,6 @@
 //! Bit values are Linux x86-64's, so a caller can pass the numbers it would
 //! pass to the system call (`Prot::from_bits_retain(libc::PROT_READ as u32)`).
 
-#![deny(unsafe_code)]
-
 use bitflags::bitflags;
 
 /// The size of a page (and of a frame): 4 KiB.

@@ -2,8 +2,6 @@
 //! the statistics; address spaces are created from it. Many `Vm`s can live
 //! in one process: there are no globals.
 
-#![deny(unsafe_code)]
-
 use std::cell::Cell;
 use std::marker::PhantomData;
 use std::sync::Arc;

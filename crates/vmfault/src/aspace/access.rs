@@ -16,8 +16,6 @@
 //! themselves on a weakly ordered host: like `rep movs`, a large copy is
 //! not one atomic event.
 
-#![deny(unsafe_code)]
-
 use super::{AddressSpace, Space};
 use crate::error::{Error, Op, Result, SegvCode};
 use crate::fault;

@@ -9,8 +9,6 @@
 //! written back by `msync`, by `munmap` (and `mmap(MAP_FIXED)` over them)
 //! and when the file's last mapping goes.
 
-#![deny(unsafe_code)]
-
 use std::fs::File;
 use std::sync::Arc;
 

@@ -25,8 +25,6 @@
 //! so that no store through an old writable PTE lands after a fault of
 //! another vCPU has copied the page it went to.
 
-#![deny(unsafe_code)]
-
 use std::sync::Arc;
 
 use super::vma::{Vma, VmaFlags};

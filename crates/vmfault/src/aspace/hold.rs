@@ -26,8 +26,6 @@
 //! `page_maybe_dma_pinned`); the parent's next store copies it, so the
 //! hold then writes the child's page.
 
-#![deny(unsafe_code)]
-
 use super::AddressSpace;
 use crate::error::{Error, Op, Result};
 use crate::fault;

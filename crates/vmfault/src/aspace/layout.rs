@@ -9,8 +9,6 @@
 //! Linux keeps the largest gap of each subtree in its maple tree to make
 //! this O(log n); with the handful of VMAs of our workloads the walk wins.
 
-#![deny(unsafe_code)]
-
 use super::vma::VmaTree;
 use crate::types::{MMAP_MIN_ADDR, PAGE_SIZE, TASK_SIZE};
 

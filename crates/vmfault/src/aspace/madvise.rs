@@ -10,8 +10,6 @@
 //! pages leave their objects. The cost is concurrency for madvise-heavy
 //! programs, none of the seeds' workloads.
 
-#![deny(unsafe_code)]
-
 use super::vma::VmaFlags;
 use super::{AddressSpace, Space};
 use crate::error::{Error, Op, Result};

@@ -30,8 +30,6 @@
 //! `populate_vma_page_range`, a VMA that is no longer locked when the
 //! lock is taken again (a racing `munlock`) is skipped, and so is a hole.
 
-#![deny(unsafe_code)]
-
 use super::vma::VmaFlags;
 use super::{AddressSpace, Space};
 use crate::error::{Error, Op, Result};

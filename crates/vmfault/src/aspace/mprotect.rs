@@ -13,8 +13,6 @@
 //! (`MapWrite::shootdown`). Widening is lazy: the next fault upgrades the
 //! PTE.
 
-#![deny(unsafe_code)]
-
 use std::ops::Range;
 use std::sync::Arc;
 

@@ -7,8 +7,6 @@
 //! needs any more. After the lock is dropped: wait for the grace period
 //! (the TLB shootdown) and free the frames; then drop the removed VMAs.
 
-#![deny(unsafe_code)]
-
 use std::sync::Arc;
 
 use super::vma::{Vma, VmaTree};

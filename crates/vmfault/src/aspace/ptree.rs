@@ -22,8 +22,6 @@
 //! (reference count 1) and are changed in place, so a burst of changes
 //! under one map-lock hold copies each shared node once.
 
-#![deny(unsafe_code)]
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 

@@ -19,8 +19,6 @@
 //! is changed: a record covers a range, not a page, and a list may name a
 //! PTE that a racing fault is replacing.
 
-#![deny(unsafe_code)]
-
 use std::sync::Arc;
 
 use super::{AddressSpace, Space};

@@ -19,8 +19,6 @@
 //! persistent tree (`ptree`): every version stays intact for the lockless
 //! readers that hold it, and publishing one is a pointer copy.
 
-#![deny(unsafe_code)]
-
 use std::sync::{Arc, OnceLock};
 
 use bitflags::bitflags;

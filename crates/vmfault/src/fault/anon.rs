@@ -21,8 +21,6 @@
 //! Nothing is half-installed on failure: a new page that could not be
 //! inserted is freed, and a PTE is written only once its page is complete.
 
-#![deny(unsafe_code)]
-
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 

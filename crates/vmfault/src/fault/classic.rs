@@ -5,8 +5,6 @@
 //! object, then (inside an RCU section) the PTE lock, then the free-list
 //! lock inside allocations.
 
-#![deny(unsafe_code)]
-
 use super::{Fault, Resolved, anon};
 use crate::aspace::Space;
 use crate::error::{Error, Result, SegvCode};

@@ -36,8 +36,6 @@
 //! VMA snapshot is published per change: mmap1 and brk1 run at 0.68-0.82x
 //! of MapLock), which the fault-heavy workloads more than repay.
 
-#![deny(unsafe_code)]
-
 mod anon;
 mod classic;
 mod speculative;

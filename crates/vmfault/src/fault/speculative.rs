@@ -23,8 +23,6 @@
 //! Any check that fails frees what was prepared and aborts with its reason;
 //! the caller counts it, emits a trace event and runs the classic path.
 
-#![deny(unsafe_code)]
-
 use super::anon::{self, Commit};
 use super::{Abort, Fault, Looked, Resolved};
 use crate::aspace::Space;

@@ -18,8 +18,6 @@
 //! `anon_vma` was still NULL), or when no frame can be had without a grace
 //! period (draining other vCPUs' caches).
 
-#![deny(unsafe_code)]
-
 use super::anon::{self, Commit};
 use super::{Abort, Fault, Resolved};
 use crate::aspace::Space;

@@ -42,8 +42,6 @@
 //! (`reclaim`); a fault reads it back in (`swap.rs`). Whoever takes such an
 //! entry out of the index frees the slot.
 
-#![deny(unsafe_code)]
-
 mod file;
 mod rmap;
 mod shadow;

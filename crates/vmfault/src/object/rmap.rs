@@ -34,8 +34,6 @@
 //! Lock order: map lock → anon lock → object lock `[O]` → the rmap lock
 //! here → PTE lock → pv lock.
 
-#![deny(unsafe_code)]
-
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};

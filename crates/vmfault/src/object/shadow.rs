@@ -37,8 +37,6 @@
 //! off the map entry); Linux has no chains: its anonymous pages are shared
 //! per page, counted by `mapcount`, and found back through `anon_vma`.
 
-#![deny(unsafe_code)]
-
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 

@@ -28,8 +28,6 @@
 //! and dropped at `mmap`/`fork` rate, not per fault, and without swap
 //! nothing registers.
 
-#![deny(unsafe_code)]
-
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak};

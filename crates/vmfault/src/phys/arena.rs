@@ -9,6 +9,10 @@
 //! first: populated before it (`MAP_POPULATE`), the arena would be backed
 //! by 4 KiB host pages, and every frame access would pay their TLB misses.
 
+// This file holds unsafe code, each block with its `// SAFETY:`
+// argument; the crate denies `unsafe_code` everywhere else.
+#![allow(unsafe_code)]
+
 use std::ptr::NonNull;
 
 use crate::error::{Error, Result};

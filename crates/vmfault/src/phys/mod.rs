@@ -26,8 +26,13 @@
 //!
 //! Frame 0 is the shared zero page: always zero, never writable, never freed.
 
+// This file holds unsafe code, each block with its `// SAFETY:`
+// argument; the crate denies `unsafe_code` everywhere else.
+#![allow(unsafe_code)]
+
 pub(crate) mod arena;
 pub(crate) mod deferred;
+pub(crate) mod doorbell;
 pub(crate) mod freelist;
 pub(crate) mod page;
 pub(crate) mod pcpu;
@@ -39,6 +44,7 @@ use std::sync::atomic::Ordering;
 
 use arena::Arena;
 pub(crate) use arena::host_available;
+pub(crate) use doorbell::Doorbell;
 use freelist::FreeList;
 pub(crate) use page::{Kind, Page};
 pub(crate) use pcpu::{Frames, PcpConfig};
@@ -89,7 +95,7 @@ pub(crate) struct PhysMem {
     page_locks: Option<wiring::PageLocks>,
     /// The page daemon's doorbell, rung by allocations that find the
     /// global list below `free_target` (`reclaim`).
-    pub(crate) doorbell: std::sync::Arc<crate::reclaim::Doorbell>,
+    pub(crate) doorbell: std::sync::Arc<Doorbell>,
     /// `[I]` free frames on the global list below which the daemon runs.
     free_target: u64,
     /// The page queues (`None` without swap: nothing to reclaim); see

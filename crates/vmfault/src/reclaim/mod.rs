@@ -18,7 +18,7 @@
 //!    read again by the next fault.
 //!
 //! With swap, an allocation that finds no frame at all, on a vCPU outside
-//! any read-side section, waits for the daemon ([`Doorbell::wait_for`],
+//! any read-side section, waits for the daemon (`Doorbell::wait_for`,
 //! from `Frames::alloc`) instead of failing, until a frame comes or
 //! eight passes of the daemon in a row freed nothing (then `ENOMEM`: only
 //! wired pages, page tables and indexes, or no swap slot, are left). So the
@@ -30,115 +30,21 @@
 //! file fill that finds no frame). Not yet: direct reclaim by allocating
 //! vCPUs (the one daemon thread is the ceiling of swap throughput).
 //!
-//! # Wakeup protocol
-//!
-//! The allocation slow path (a per-CPU cache miss, which takes the global
-//! free-list lock anyway) compares the free count with the target; below
-//! it, it sets `pending` and, if it was the one to set it, notifies the
-//! condition variable. The fast path (a hit in the vCPU's own cache)
-//! touches none of this. The daemon clears `pending` before it works, so
-//! a shortage that appears while it works wakes it again. It holds the
-//! machine only weakly and checks for its end once a second. Each pass
-//! ends with `passes` incremented and `done` notified, which waiting
-//! allocations watch.
-
-#![deny(unsafe_code)]
+//! The doorbell that wakes the daemon, and its wakeup protocol, are in
+//! `phys::doorbell` (the allocator rings it).
 
 mod pageout;
 mod swap;
 
 pub(crate) use swap::Swap;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, Weak};
-use std::time::{Duration, Instant};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::sync::rcu::RcuReader;
 use crate::vm::Machine;
-
-/// The daemon's doorbell and its counters, kept in `PhysMem` (the
-/// allocator rings it). Counters are `[a]`, written by the daemon only.
-#[derive(Debug, Default)]
-pub(crate) struct Doorbell {
-    /// `[a]` a wakeup is pending (set by allocators, cleared by the daemon).
-    pending: AtomicBool,
-    /// `[a]` the machine is ending: the daemon returns (`Vm`'s `Life`).
-    stopping: AtomicBool,
-    /// `[I]` whether a daemon listens (no daemon: ringing does nothing).
-    enabled: AtomicBool,
-    /// `[I]` whether it has swap (allocations then wait for it).
-    swap: AtomicBool,
-    /// The daemon sleeps on `cond`, waiting allocations on `done`; the
-    /// mutex guards nothing but the waits.
-    lock: Mutex<()>,
-    cond: Condvar,
-    done: Condvar,
-    /// `[a]` passes completed.
-    passes: AtomicU64,
-    /// `[a]` the number of the last pass that freed nothing (0: none).
-    fruitless: AtomicU64,
-    /// `[a]` wakeups the daemon handled.
-    pub(crate) wakeups: AtomicU64,
-    /// `[a]` frames the daemon drained from per-CPU caches.
-    pub(crate) drained: AtomicU64,
-    /// `[a]` passes over the spaces' anonymous pages.
-    pub(crate) scans: AtomicU64,
-    /// `[a]` pages written to swap and freed.
-    pub(crate) pageouts: AtomicU64,
-    /// `[a]` pageouts abandoned once the page was taken.
-    pub(crate) failures: AtomicU64,
-    /// `[a]` failed writes to the swap file.
-    pub(crate) write_errors: AtomicU64,
-    /// `[a]` file pages the daemon freed (written back first if dirty).
-    pub(crate) file_pageouts: AtomicU64,
-    /// `[a]` of those, dirty ones it wrote back.
-    pub(crate) file_writebacks: AtomicU64,
-}
-
-impl Doorbell {
-    /// Wake the daemon unless a wakeup is already pending.
-    pub(crate) fn ring(&self) {
-        if self.enabled.load(Ordering::Relaxed) && !self.pending.swap(true, Ordering::AcqRel) {
-            let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-            self.cond.notify_one();
-        }
-    }
-
-    /// The machine ends: wake the daemon for the last time.
-    pub(crate) fn stop(&self) {
-        self.stopping.store(true, Ordering::Release);
-        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-        self.cond.notify_all();
-    }
-
-    /// Wait for a ring, or `timeout`; whether one came.
-    fn wait(&self, timeout: Duration) -> bool {
-        let g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-        if !self.pending.load(Ordering::Acquire) && !self.stopping.load(Ordering::Acquire) {
-            drop(self.cond.wait_timeout(g, timeout).unwrap_or_else(|p| p.into_inner()));
-        }
-        self.pending.swap(false, Ordering::AcqRel)
-    }
-
-    /// A pass ended; `fruitless` if it freed nothing.
-    fn pass_done(&self, fruitless: bool) {
-        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-        let n = self.passes.fetch_add(1, Ordering::AcqRel) + 1;
-        if fruitless {
-            self.fruitless.store(n, Ordering::Release);
-        }
-        self.done.notify_all();
-    }
-
-    /// Wait until more than `seen` passes have completed, or `timeout`.
-    fn wait_pass(&self, seen: u64, timeout: Duration) {
-        let g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-        if self.passes.load(Ordering::Acquire) <= seen {
-            drop(self.done.wait_timeout(g, timeout).unwrap_or_else(|p| p.into_inner()));
-        }
-    }
-}
 
 /// References to spaces and objects the daemon took while it worked. It
 /// may hold the last one: the end of a space or of a file object writes
@@ -157,12 +63,11 @@ fn spawn_reaper() -> Result<std::sync::mpsc::Sender<Grave>> {
 }
 
 /// Start the page daemon of `m`, reading as `reader` (its own RCU reader);
-/// it returns once [`Doorbell::stop`] is called (the caller joins it).
+/// it returns once `Doorbell::stop` is called (the caller joins it).
 pub(crate) fn spawn_daemon(m: &Arc<Machine>, reader: RcuReader) -> Result<std::thread::JoinHandle<()>> {
     let weak: Weak<Machine> = Arc::downgrade(m);
     let doorbell = Arc::clone(&m.phys.doorbell);
-    doorbell.enabled.store(true, Ordering::Relaxed);
-    doorbell.swap.store(m.swap.is_some(), Ordering::Relaxed);
+    doorbell.enable(m.swap.is_some());
     let reaper = if m.swap.is_some() { Some(spawn_reaper()?) } else { None };
     std::thread::Builder::new()
         .name("vmfault-pagedaemon".into())
@@ -170,7 +75,7 @@ pub(crate) fn spawn_daemon(m: &Arc<Machine>, reader: RcuReader) -> Result<std::t
             loop {
                 // Sleep holding only the doorbell, so that the machine can go.
                 let rung = doorbell.wait(Duration::from_secs(1));
-                if doorbell.stopping.load(Ordering::Acquire) {
+                if doorbell.stopping() {
                     return;
                 }
                 let Some(m) = weak.upgrade() else { return };
@@ -240,7 +145,7 @@ fn run_once(m: &Machine, reader: &RcuReader, bury: &mut dyn FnMut(&mut Grave)) {
                 if m.phys.deferred.is_some() {
                     freed += m.phys.drain_pcpu(&m.rcu) as u64;
                 }
-                if bell.stopping.load(Ordering::Acquire) {
+                if bell.stopping() {
                     break;
                 }
                 std::thread::sleep(Duration::from_micros(50));
@@ -248,45 +153,4 @@ fn run_once(m: &Machine, reader: &RcuReader, bury: &mut dyn FnMut(&mut Grave)) {
         }
     }
     bell.pass_done(short && freed == 0 && m.phys.global_free_frames() == 0);
-}
-
-/// A waiting allocation gives up (`ENOMEM`) once this many passes that
-/// began after it freed nothing (Linux retries reclaim up to 16 times,
-/// `MAX_RECLAIM_RETRIES`): under heavy load a pass or two can find every
-/// candidate busy (being faulted in, written back, referenced) while
-/// memory is still there to reclaim.
-const FRUITLESS_PASSES: u64 = 8;
-
-/// Waits longer than this give up (a daemon that cannot run: `ENOMEM`).
-const MAX_WAIT: Duration = Duration::from_secs(30);
-
-impl Doorbell {
-    /// Whether allocations that find no frame wait for the daemon: it runs
-    /// and has swap to page out to.
-    #[inline]
-    pub(crate) fn reclaims(&self) -> bool {
-        self.swap.load(Ordering::Relaxed) && self.enabled.load(Ordering::Relaxed)
-    }
-
-    /// Run `alloc` again each time the daemon ends a pass, until it gets a
-    /// frame, or [`FRUITLESS_PASSES`] passes that began after this wait
-    /// freed nothing, or
-    /// [`MAX_WAIT`] has passed. The caller is a vCPU outside any read-side
-    /// section (the daemon waits for grace periods) that holds no PTE lock
-    /// (the daemon takes those) and no object lock it could try.
-    pub(crate) fn wait_for<T>(&self, mut alloc: impl FnMut() -> Option<T>) -> Option<T> {
-        let start = self.passes.load(Ordering::Acquire);
-        let deadline = Instant::now() + MAX_WAIT;
-        loop {
-            let seen = self.passes.load(Ordering::Acquire);
-            self.ring();
-            self.wait_pass(seen, Duration::from_millis(50));
-            if let Some(t) = alloc() {
-                return Some(t);
-            }
-            if self.fruitless.load(Ordering::Acquire) >= start + FRUITLESS_PASSES || Instant::now() > deadline {
-                return None;
-            }
-        }
-    }
 }

@@ -45,8 +45,6 @@
 //!
 //! [`RefCount::try_isolate`]: crate::sync::refcount::RefCount::try_isolate
 
-#![deny(unsafe_code)]
-
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};

@@ -21,8 +21,6 @@
 //! Tests inject write errors ([`crate::Vm::fail_swap_writes`]): the page
 //! daemon must then leave the page resident (`reclaim`).
 
-#![deny(unsafe_code)]
-
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};

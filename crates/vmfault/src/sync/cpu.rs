@@ -13,6 +13,10 @@
 //! a parameter. A nested claim of the same set on one thread panics, because
 //! it would hand out a second `&mut O`.
 
+// This file holds unsafe code, each block with its `// SAFETY:`
+// argument; the crate denies `unsafe_code` everywhere else.
+#![allow(unsafe_code)]
+
 use std::cell::{RefCell, UnsafeCell};
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};

@@ -32,6 +32,10 @@
 //! (`--cfg vmfault_mutation="pcp_no_grace"`) makes loom report the race on
 //! the magazine.
 
+// This file holds unsafe code, each block with its `// SAFETY:`
+// argument; the crate denies `unsafe_code` everywhere else.
+#![allow(unsafe_code)]
+
 use super::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use super::cell::UnsafeCell;
 use super::rcu::{Rcu, RcuReader};

@@ -65,6 +65,10 @@
 //! A third model covers a writer that meets the *next* section's odd value;
 //! it guards the Release on the entry store (`rcu_relaxed_entry`).
 
+// This file holds unsafe code, each block with its `// SAFETY:`
+// argument; the crate denies `unsafe_code` everywhere else.
+#![allow(unsafe_code)]
+
 use std::cell::Cell;
 use std::mem::ManuallyDrop;
 
