@@ -30,8 +30,6 @@ const KNOWN: &[(&str, &str)] = &[
     ("reclaim", "vm"),
     // Backing records resolve their space through `Weak<Space>`.
     ("object", "aspace"),
-    // The daemon's unmap hands what it took to the reaper (`Grave`).
-    ("aspace", "reclaim"),
 ];
 
 /// The layer order; modules on one level may import each other.

@@ -66,15 +66,16 @@ fn for_each_pte(m: &Machine, o: &Arc<Object>, pages: &[(u64, Pfn)], mut f: impl 
 /// every space, reading as `reader` and taking no map lock (see the module
 /// docs); returns the PTEs cleared. The caller has isolated the page (no
 /// new mapping of it can appear) and waits for a grace period afterwards.
-/// The spaces it found go to `grave`: the daemon may hold the last
-/// reference to one, whose end takes map locks (`reclaim::Grave`).
+/// The references to the spaces it found are pushed onto `found`: the
+/// daemon may hold the last one, whose end takes map locks, so the caller
+/// chooses where they are dropped (the daemon's reaper thread).
 pub(crate) fn unmap_everywhere_unlocked(
     m: &Machine,
     reader: &crate::sync::rcu::RcuReader,
     o: &Arc<Object>,
     pindex: u64,
     pfn: Pfn,
-    grave: &mut crate::reclaim::Grave,
+    found: &mut Vec<Box<dyn Send>>,
 ) -> u64 {
     let spaces = candidates(m, o, pindex, pfn);
     let section = m.rcu.read_lock(reader);
@@ -91,7 +92,7 @@ pub(crate) fn unmap_everywhere_unlocked(
         });
     }
     drop(section);
-    grave.extend(spaces.into_iter().map(|(s, _)| Box::new(s) as Box<dyn Send>));
+    found.extend(spaces.into_iter().map(|(s, _)| Box::new(s) as Box<dyn Send>));
     cleared
 }
 
