@@ -82,6 +82,17 @@
 //!             └── free-list lock [F]
 //! ```
 //!
+//! Debug builds check this order as locks are taken (`sync::rank`: each
+//! thread keeps the ranks it holds, and taking a lock of an earlier rank,
+//! of its own rank where that does not nest, or anything under a leaf,
+//! panics with both): the unattached threads' shared vCPU slot (outermost),
+//! the map lock, the anon lock, object locks, the two drain mutexes, PTE
+//! locks, page locks, the page-queue lock and the free-list lock, and as
+//! leaves the retired-snapshot and deferred-list mutexes, the space and
+//! anonymous-object registries, the orphan list and the swap slot map.
+//! Not checked yet: a file object's mutexes, the reverse-map and pv-list
+//! mutexes, the daemon's doorbell and the VMA lock word.
+//!
 //! The page daemon (`reclaim`) holds none of these across another: it
 //! takes no map lock, only tries object locks, and takes PTE locks one at
 //! a time inside an RCU section of its own; the references to spaces and

@@ -67,12 +67,12 @@ pub(crate) struct Machine {
 impl Machine {
     /// Queue an unmapped page that nothing references for freeing.
     pub(crate) fn orphan(&self, pfn: crate::phys::Pfn) {
-        self.orphans.lock().unwrap_or_else(|p| p.into_inner()).push(pfn);
+        crate::sync::rank::lock(&self.orphans, crate::sync::rank::Rank::Leaf).push(pfn);
     }
 
     /// Take the queued orphans (the caller frees them after a grace period).
     pub(crate) fn take_orphans(&self) -> Vec<crate::phys::Pfn> {
-        std::mem::take(&mut *self.orphans.lock().unwrap_or_else(|p| p.into_inner()))
+        std::mem::take(&mut *crate::sync::rank::lock(&self.orphans, crate::sync::rank::Rank::Leaf))
     }
 }
 
@@ -464,7 +464,7 @@ impl Vm {
 
     /// Handles to the live address spaces.
     fn spaces(&self) -> Vec<AddressSpace> {
-        let map = self.m.spaces.lock().unwrap_or_else(|p| p.into_inner());
+        let map = crate::sync::rank::lock(&self.m.spaces, crate::sync::rank::Rank::Leaf);
         map.values().filter_map(|w| w.upgrade()).map(|s| AddressSpace { s, vm: self.clone() }).collect()
     }
 

@@ -79,7 +79,9 @@ impl AddressSpace {
         let s = &self.s;
         // Not counted as a map-lock acquisition: statistics call this.
         s.vm.with_ctx(|ctx| {
-            let map = s.map.read().unwrap_or_else(|p| p.into_inner());
+            let map = crate::sync::rank::Ranked::take(crate::sync::rank::Rank::Map, || {
+                s.map.read().unwrap_or_else(|p| p.into_inner())
+            });
             let section = ctx.rcu_read();
             map.iter().filter_map(|v| v.object.get()).map(|o| o.depth(&section)).max().unwrap_or(0)
         })
@@ -154,7 +156,7 @@ impl Space {
             }
             // Before any fault can copy a page narrowed here.
             map.shootdown(ctx, narrowed);
-            let mut cmap = child.s.map_write(ctx);
+            let mut cmap = child.s.map_write_unreachable(ctx);
             for v in child_vmas {
                 cmap.insert(v);
             }

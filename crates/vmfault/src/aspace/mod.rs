@@ -40,6 +40,8 @@ pub(crate) mod vma;
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use crate::sync::rank::{self, Rank, Ranked};
+
 use crate::config::FaultPath;
 use crate::error::{Error, Op, Result};
 use crate::phys::Pfn;
@@ -120,7 +122,7 @@ pub(crate) struct Space {
 /// those VMAs mapped. Merges need no wait: they change no PTE.
 pub(crate) struct MapWrite<'a> {
     space: &'a Space,
-    guard: RwLockWriteGuard<'a, VmaTree>,
+    guard: Ranked<RwLockWriteGuard<'a, VmaTree>>,
     changed: bool,
 }
 
@@ -202,7 +204,7 @@ impl Drop for MapWrite<'_> {
         self.guard.flush_unlinks();
         if self.changed && s.lockless {
             let old = s.snapshot.replace(&s.vm.m.rcu, self.guard.snapshot());
-            s.retired.lock().unwrap_or_else(|p| p.into_inner()).push(old);
+            rank::lock(&s.retired, Rank::Leaf).push(old);
         }
     }
 }
@@ -226,7 +228,7 @@ impl AddressSpace {
                 lockless,
             }
         });
-        vm.m.spaces.lock().unwrap_or_else(|p| p.into_inner()).insert(s.id(), Arc::downgrade(&s));
+        rank::lock(&vm.m.spaces, Rank::Leaf).insert(s.id(), Arc::downgrade(&s));
         Ok(AddressSpace { s, vm })
     }
 
@@ -260,16 +262,26 @@ impl Space {
     }
 
     /// Take the map lock for reading (counted).
-    pub(crate) fn map_read(&self, ctx: &Ctx<'_>) -> RwLockReadGuard<'_, VmaTree> {
+    pub(crate) fn map_read(&self, ctx: &Ctx<'_>) -> Ranked<RwLockReadGuard<'_, VmaTree>> {
         ctx.count(Counter::map_lock_acquisitions);
-        self.map.read().unwrap_or_else(|p| p.into_inner())
+        Ranked::take(Rank::Map, || self.map.read().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Take the map lock of a space nobody else can reach yet (the child
+    /// of a `fork`, under its parent's), for writing (counted).
+    pub(crate) fn map_write_unreachable(&self, ctx: &Ctx<'_>) -> MapWrite<'_> {
+        ctx.count(Counter::map_lock_acquisitions);
+        ctx.count(Counter::map_lock_writes);
+        let guard = Ranked::take_unreachable(Rank::Map, || self.map.write().unwrap_or_else(|p| p.into_inner()));
+        MapWrite { space: self, guard, changed: false }
     }
 
     /// Take the map lock for writing (counted).
     pub(crate) fn map_write(&self, ctx: &Ctx<'_>) -> MapWrite<'_> {
         ctx.count(Counter::map_lock_acquisitions);
         ctx.count(Counter::map_lock_writes);
-        MapWrite { space: self, guard: self.map.write().unwrap_or_else(|p| p.into_inner()), changed: false }
+        let guard = Ranked::take(Rank::Map, || self.map.write().unwrap_or_else(|p| p.into_inner()));
+        MapWrite { space: self, guard, changed: false }
     }
 
     /// The VMA index as lockless faults see it, for the section's length.
@@ -279,8 +291,8 @@ impl Space {
     }
 
     /// Take the anon lock (see the field).
-    pub(crate) fn anon_lock(&self) -> MutexGuard<'_, ()> {
-        self.anon_lock.lock().unwrap_or_else(|p| p.into_inner())
+    pub(crate) fn anon_lock(&self) -> Ranked<MutexGuard<'_, ()>> {
+        rank::lock(&self.anon_lock, Rank::Anon)
     }
 
     /// Finish an operation that changed the address space, with no lock
@@ -322,7 +334,7 @@ impl Space {
             // What this vCPU queued before and has aged since (no wait).
             d.drop_aged_of(ctx.index.min(d.unowned()), rcu, false);
         }
-        let mut retired = self.retired.lock().unwrap_or_else(|p| p.into_inner());
+        let mut retired = rank::lock(&self.retired, Rank::Leaf);
         if retired.is_empty() || (retired.len() < RECLAIM_BATCH && !objects_gone) {
             return;
         }
@@ -355,7 +367,7 @@ impl Space {
         // while holding the map lock).
         let done = rcu.reclaim(&mut list, true);
         if !list.is_empty() {
-            self.retired.lock().unwrap_or_else(|p| p.into_inner()).append(&mut list);
+            rank::lock(&self.retired, Rank::Leaf).append(&mut list);
         }
         drop(done);
     }
@@ -380,7 +392,7 @@ impl Drop for Space {
         // No handle is left, so nobody can be faulting or walking: drop the
         // VMAs (their objects free their pages) and the page table.
         let id = self.id();
-        self.vm.m.spaces.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+        rank::lock(&self.vm.m.spaces, Rank::Leaf).remove(&id);
         let locked =
             self.map.get_mut().unwrap_or_else(|p| p.into_inner()).iter().any(|v| v.flags.contains(VmaFlags::LOCKED));
         let m = &self.vm.m;

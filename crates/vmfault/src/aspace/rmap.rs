@@ -36,7 +36,7 @@ fn candidates(m: &Machine, o: &Arc<Object>, pindex: u64, pfn: Pfn) -> Vec<(Arc<S
         Rmap::Backing => ObjRmap::mappings_of(o, pindex),
         Rmap::PvEntry => {
             let entries = m.pv.entries(pfn);
-            let spaces = m.spaces.lock().unwrap_or_else(|p| p.into_inner());
+            let spaces = crate::sync::rank::lock(&m.spaces, crate::sync::rank::Rank::Leaf);
             entries.iter().filter_map(|pv| Some((spaces.get(&pv.space)?.upgrade()?, pv.addr))).collect()
         }
     }
@@ -53,7 +53,9 @@ fn for_each_pte(m: &Machine, o: &Arc<Object>, pages: &[(u64, Pfn)], mut f: impl 
             // The space's map lock keeps its page tables from being pruned
             // and freed under the walk (no RCU section here: callers may
             // have no vCPU). Callers hold no map lock.
-            let _map = space.map.read().unwrap_or_else(|p| p.into_inner());
+            let _map = crate::sync::rank::Ranked::take(crate::sync::rank::Rank::Map, || {
+                space.map.read().unwrap_or_else(|p| p.into_inner())
+            });
             changed += space.pmap.update_range(phys, addr, addr + PAGE_SIZE, |a, old| {
                 if old.pfn() == pfn { f(id, a, old) } else { old }
             });

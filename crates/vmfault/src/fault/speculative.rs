@@ -84,7 +84,7 @@ pub(super) fn fault(
     let ptl = &phys.page(leaf.node).ptl;
     let mut spins = 0;
     let guard = loop {
-        if let Some(g) = spin::try_lock(ptl) {
+        if let Some(g) = spin::try_lock_as(ptl, crate::sync::rank::Rank::Pte) {
             break g;
         }
         ctx.count(Counter::pte_lock_try_failures);

@@ -292,8 +292,8 @@ fn absorb(
     let phys = frames.phys();
     // Another space that shares this level may be collapsing it
     // (or the one below) too: lock both, top-down, and look again.
-    let _mine = level.lock.lock().unwrap_or_else(|p| p.into_inner());
-    let _theirs = below.lock.lock().unwrap_or_else(|p| p.into_inner());
+    let _mine = crate::sync::rank::lock(&level.lock, crate::sync::rank::Rank::Object);
+    let _theirs = crate::sync::rank::lock(&below.lock, crate::sync::rank::Rank::Object);
     let still = {
         let section = ctx.rcu_read();
         level.backing.read(&section).as_ref().is_some_and(|b| Arc::ptr_eq(b, below))

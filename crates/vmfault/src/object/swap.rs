@@ -74,14 +74,14 @@ impl Reclaimable {
     /// Register `o` (an object being made).
     pub(super) fn add(&self, id: u64, o: Weak<Object>) {
         if self.enabled {
-            self.shard(id).lock().unwrap_or_else(|p| p.into_inner()).insert(id, o);
+            crate::sync::rank::lock(self.shard(id), crate::sync::rank::Rank::Leaf).insert(id, o);
         }
     }
 
     /// Forget object `id` (it is being dropped).
     pub(super) fn remove(&self, id: u64) {
         if self.enabled {
-            self.shard(id).lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+            crate::sync::rank::lock(self.shard(id), crate::sync::rank::Rank::Leaf).remove(&id);
         }
     }
 
@@ -89,7 +89,8 @@ impl Reclaimable {
     /// page daemon names it by a page descriptor's owner id). The caller
     /// drops it outside any read-side section.
     pub(crate) fn get(&self, id: u64) -> Option<Arc<Object>> {
-        let o = self.shard(id).lock().unwrap_or_else(|p| p.into_inner()).get(&id).and_then(Weak::upgrade)?;
+        let o =
+            crate::sync::rank::lock(self.shard(id), crate::sync::rank::Rank::Leaf).get(&id).and_then(Weak::upgrade)?;
         o.reclaimable().then_some(o)
     }
 }
@@ -120,11 +121,13 @@ impl Object {
     /// Only tries the object lock (see the module docs): [`SwapOut::Busy`]
     /// if another holds it (the caller may try again later).
     pub(crate) fn swap_out(&self, pindex: u64, pfn: Pfn, slot: u64) -> SwapOut {
-        let _g = match self.lock.try_lock() {
-            Ok(g) => g,
-            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return SwapOut::Busy,
-        };
+        let locked =
+            crate::sync::rank::Ranked::try_take(crate::sync::rank::Rank::Object, || match self.lock.try_lock() {
+                Ok(g) => Some(g),
+                Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => None,
+            });
+        let Some(_g) = locked else { return SwapOut::Busy };
         if self.absorbed.load(Ordering::Relaxed) {
             return SwapOut::Lost;
         }
@@ -148,7 +151,7 @@ impl Object {
         let phys = frames.phys();
         let mut frame =
             frames.alloc().ok_or(Error::NoMemory { op, what: "a data page to read a swapped-out page into" })?;
-        let _g = level.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _g = crate::sync::rank::lock(&level.lock, crate::sync::rank::Rank::Object);
         let leaf = level.index.leaf(phys, pindex).filter(|_| !level.absorbed.load(Ordering::Relaxed));
         let e = leaf.map_or(0, |l| l.entry.load(Ordering::Acquire));
         let Some(leaf) = leaf.filter(|_| e & SWAP != 0) else {

@@ -131,7 +131,7 @@ impl Deferred {
         }
         let l = &self.lists[i];
         let held = {
-            let mut b = l.batches.lock().unwrap_or_else(|p| p.into_inner());
+            let mut b = crate::sync::rank::lock(&l.batches, crate::sync::rank::Rank::Leaf);
             let held = l.frames.load(Ordering::Relaxed) + frames.len() as u64;
             l.frames.store(held, Ordering::Relaxed);
             match b.last_mut() {
@@ -162,7 +162,7 @@ impl Deferred {
         }
         let l = &self.lists[i];
         let queued = {
-            let mut q = l.drops.lock().unwrap_or_else(|p| p.into_inner());
+            let mut q = crate::sync::rank::lock(&l.drops, crate::sync::rank::Rank::Leaf);
             q.extend(items);
             l.late.store(q.len() as u64, Ordering::Relaxed);
             q.len() as u64
@@ -198,7 +198,7 @@ impl Deferred {
             rcu.synchronize();
         }
         let (aged, _dropping) = {
-            let mut q = l.drops.lock().unwrap_or_else(|p| p.into_inner());
+            let mut q = crate::sync::rank::lock(&l.drops, crate::sync::rank::Rank::Leaf);
             let aged = rcu.reclaim(&mut q, false);
             let k = aged.len() as u64;
             // Being dropped before they leave the queue's count (as frames
@@ -247,7 +247,7 @@ impl Deferred {
         if l.frames.load(Ordering::Relaxed) == 0 {
             return InTransit { d: self, count: &self.transit, n: 0 };
         }
-        let mut b = l.batches.lock().unwrap_or_else(|p| p.into_inner());
+        let mut b = crate::sync::rank::lock(&l.batches, crate::sync::rank::Rank::Leaf);
         // Oldest first: the first batch that has not aged ends the run.
         let aged = b.iter().take_while(|x| rcu.elapsed(x.cookie)).count();
         let before = out.len();

@@ -12,6 +12,7 @@
 //! The number of acquisitions is counted *under* the lock it counts: that
 //! adds no shared cache line that the lock itself does not already bounce.
 
+use crate::sync::rank::{self, Rank, Ranked};
 use std::sync::Mutex;
 
 use super::page::{Kind, Page};
@@ -53,8 +54,8 @@ impl FreeList {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<u32>> {
-        let g = self.stack.lock().unwrap_or_else(|p| p.into_inner());
+    fn lock(&self) -> Ranked<std::sync::MutexGuard<'_, Vec<u32>>> {
+        let g = rank::lock(&self.stack, Rank::FreeList);
         let n = self.acquisitions.load(Ordering::Relaxed);
         self.acquisitions.store(n + 1, Ordering::Relaxed);
         g

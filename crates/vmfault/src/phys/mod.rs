@@ -176,7 +176,7 @@ impl PhysMem {
         // Frames on the deferred lists are the vCPUs' too.
         let deferred = self.flush_deferred(rcu, true);
         let Some(pcp) = &self.pcp else { return deferred };
-        let _one = self.drain.lock().unwrap_or_else(|p| p.into_inner());
+        let _one = crate::sync::rank::lock(&self.drain, crate::sync::rank::Rank::Drain);
         let mut drained = Vec::new();
         let n = pcp.drain_all(rcu, |p| drained.push(p));
         if n > 0 {

@@ -114,7 +114,7 @@ impl PageQueues {
     }
 
     fn lock(&self) -> Locked<'_> {
-        let g = self.lists.lock().unwrap_or_else(|p| p.into_inner());
+        let g = crate::sync::rank::lock(&self.lists, crate::sync::rank::Rank::Queue);
         self.acquisitions.store(self.acquisitions.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
         Locked { q: self, lists: g }
     }
@@ -266,7 +266,7 @@ impl PageQueues {
 /// The lists, locked.
 struct Locked<'a> {
     q: &'a PageQueues,
-    lists: std::sync::MutexGuard<'a, [List; 2]>,
+    lists: crate::sync::rank::Ranked<std::sync::MutexGuard<'a, [List; 2]>>,
 }
 
 impl Locked<'_> {

@@ -50,7 +50,7 @@ impl PageLocks {
             c.inc(Counter::page_lock_acquisitions);
         }
         let i = (pfn.0 >> REGION_SHIFT) as usize % PAGE_LOCKS;
-        spin::lock(&self.locks[i].0).0
+        spin::lock_as(&self.locks[i].0, crate::sync::rank::Rank::Page).0
     }
 }
 

@@ -14,6 +14,7 @@ use super::pte::Pte;
 use super::radix::{Leaf, OutOfFrames, PruneRange, Radix, TABLE_LIMIT};
 use crate::phys::{Frames, Pfn, PhysMem, WORDS};
 use crate::sync::generation::{Generation, Stamp};
+use crate::sync::rank::Rank;
 use crate::sync::spin::{self, WordGuard};
 use crate::types::{Access, PAGE_SHIFT, Prot};
 
@@ -129,7 +130,7 @@ impl Pmap {
     /// whether the lock was contended.
     #[inline]
     pub(crate) fn lock<'p>(phys: &'p PhysMem, leaf: &Leaf<'_>) -> (WordGuard<'p>, bool) {
-        spin::lock(&phys.page(leaf.node).ptl)
+        spin::lock_as(&phys.page(leaf.node).ptl, Rank::Pte)
     }
 
     /// Apply `f` to every present PTE in `start..end` (addresses), each
@@ -140,7 +141,7 @@ impl Pmap {
         let mut changed = 0;
         self.radix.for_each_leaf_node(phys, s, e, |base, node| {
             let words = phys.words(node);
-            let _g = spin::lock(&phys.page(node).ptl).0;
+            let _g = spin::lock_as(&phys.page(node).ptl, Rank::Pte).0;
             let lo = s.max(base) - base;
             let hi = e.min(base + WORDS as u64) - base;
             for i in lo..hi {

@@ -134,7 +134,7 @@ impl Swap {
     /// A free slot, if any: a freed one, else one never used, else (the
     /// last resort) one whose write failed.
     pub(crate) fn alloc(&self) -> Option<u64> {
-        let mut f = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        let mut f = crate::sync::rank::lock(&self.free, crate::sync::rank::Rank::Leaf);
         let slot = match f.free.pop() {
             Some(s) => s,
             None if f.next < self.slots => {
@@ -150,20 +150,20 @@ impl Swap {
     /// Take `slot`, whose write failed, out of use (see [`Slots::bad`]).
     pub(crate) fn retire_bad(&self, slot: u64) {
         assert!(slot < self.slots, "swap slot {slot} out of range (of {})", self.slots);
-        self.free.lock().unwrap_or_else(|p| p.into_inner()).bad.push(slot);
+        crate::sync::rank::lock(&self.free, crate::sync::rank::Rank::Leaf).bad.push(slot);
         self.used.fetch_sub(1, Ordering::Relaxed);
         tracing::warn!(target: "vmfault::reclaim", slot, "swap slot taken out of use after a failed write");
     }
 
     /// Slots out of use after failed writes (a snapshot).
     pub(crate) fn bad_slots(&self) -> u64 {
-        self.free.lock().unwrap_or_else(|p| p.into_inner()).bad.len() as u64
+        crate::sync::rank::lock(&self.free, crate::sync::rank::Rank::Leaf).bad.len() as u64
     }
 
     /// Give `slot` back.
     pub(crate) fn free(&self, slot: u64) {
         assert!(slot < self.slots, "swap slot {slot} out of range (of {})", self.slots);
-        self.free.lock().unwrap_or_else(|p| p.into_inner()).free.push(slot);
+        crate::sync::rank::lock(&self.free, crate::sync::rank::Rank::Leaf).free.push(slot);
         self.used.fetch_sub(1, Ordering::Relaxed);
     }
 

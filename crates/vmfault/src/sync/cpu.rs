@@ -79,7 +79,7 @@ unsafe impl<S: Send, O: Send> Send for CpuSet<S, O> {}
 pub(crate) struct Claim<'a, S, O> {
     set: &'a CpuSet<S, O>,
     index: usize,
-    _shared: Option<MutexGuard<'a, ()>>,
+    _shared: Option<super::rank::Ranked<MutexGuard<'a, ()>>>,
     /// Claims are tied to the thread's registry entry: not `Send`.
     _not_send: PhantomData<*const ()>,
 }
@@ -179,7 +179,7 @@ impl<S, O> CpuSet<S, O> {
         if let Some(index) = attached {
             return Claim { set: self, index, _shared: None, _not_send: PhantomData };
         }
-        let guard = self.shared_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let guard = super::rank::lock(&self.shared_lock, super::rank::Rank::SharedSlot);
         REGISTRY.with(|r| r.borrow_mut().push(TlsEntry { set: self.id, slot: self.cpus, busy: true, transient: true }));
         Claim { set: self, index: self.cpus, _shared: Some(guard), _not_send: PhantomData }
     }

@@ -24,6 +24,7 @@
 pub(crate) mod cpu;
 pub mod generation;
 pub mod percpu;
+pub(crate) mod rank;
 pub mod rcu;
 pub mod refcount;
 pub mod spin;

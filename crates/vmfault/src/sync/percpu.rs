@@ -246,6 +246,8 @@ impl<T> PerCpuCache<T> {
     /// Must not be called inside a read-side section of the calling thread.
     pub fn drain_all(&self, rcu: &Rcu, mut sink: impl FnMut(T)) -> usize {
         assert!(rcu.id() == self.rcu_id, "drain with another Rcu");
+        // (The loom shim's mutex under models: the rank is entered apart.)
+        let _rank = super::rank::RankGuard::enter(super::rank::Rank::PcpDrain);
         let _g = self.drain_lock.lock().unwrap_or_else(|p| p.into_inner());
         let mut old = Vec::new();
         for slot in self.cpus.iter() {

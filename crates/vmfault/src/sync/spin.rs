@@ -7,34 +7,65 @@
 //! still live).
 
 use super::atomic::{AtomicU32, Ordering};
+use super::rank::{Rank, RankGuard};
 
 /// A held word lock; unlocks on drop.
 #[must_use = "the lock is released when the guard is dropped"]
 #[derive(Debug)]
 pub struct WordGuard<'a> {
     word: &'a AtomicU32,
+    // Released after the word (fields drop in order).
+    _rank: RankGuard,
 }
 
 /// Try once to take the lock.
 #[inline]
 pub fn try_lock(word: &AtomicU32) -> Option<WordGuard<'_>> {
-    // Acquire pairs with the Release in `WordGuard::drop` of the previous holder.
-    word.compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed).ok().map(|_| WordGuard { word })
+    try_lock_ranked(word, RankGuard::none())
 }
 
 /// Take the lock, waiting if needed; also says whether it had to wait.
 #[inline]
 pub fn lock(word: &AtomicU32) -> (WordGuard<'_>, bool) {
-    if let Some(g) = try_lock(word) {
-        return (g, false);
+    lock_ranked(word, RankGuard::none())
+}
+
+/// [`try_lock`] for a lock of the hierarchy's class `rank` (checked in
+/// debug builds: `sync::rank`).
+#[inline]
+pub(crate) fn try_lock_as(word: &AtomicU32, rank: Rank) -> Option<WordGuard<'_>> {
+    // Acquire: as in `try_lock_ranked`. The rank is recorded only once the
+    // lock is ours (a try never waits, so it is not checked itself).
+    word.compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
+        .ok()
+        .map(|_| WordGuard { word, _rank: RankGuard::entered_by_try(rank) })
+}
+
+/// [`lock`] for a lock of the hierarchy's class `rank`.
+#[inline]
+pub(crate) fn lock_as(word: &AtomicU32, rank: Rank) -> (WordGuard<'_>, bool) {
+    lock_ranked(word, RankGuard::enter(rank))
+}
+
+#[inline]
+fn try_lock_ranked(word: &AtomicU32, rank: RankGuard) -> Option<WordGuard<'_>> {
+    // Acquire pairs with the Release in `WordGuard::drop` of the previous holder.
+    word.compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed).ok().map(|_| WordGuard { word, _rank: rank })
+}
+
+#[inline]
+fn lock_ranked(word: &AtomicU32, rank: RankGuard) -> (WordGuard<'_>, bool) {
+    if word.compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+        return (WordGuard { word, _rank: rank }, false);
     }
     let mut spins = 0;
     loop {
         super::backoff(&mut spins);
+        // Acquire: as in `try_lock_ranked`.
         if word.load(Ordering::Relaxed) == 0
-            && let Some(g) = try_lock(word)
+            && word.compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed).is_ok()
         {
-            return (g, true);
+            return (WordGuard { word, _rank: rank }, true);
         }
     }
 }

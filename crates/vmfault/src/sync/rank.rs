@@ -1,0 +1,231 @@
+//! The lock-rank checker: in debug builds, every lock of the hierarchy in
+//! `lib.rs` is taken through a [`RankGuard`], which asserts that the
+//! thread holds no lock of a later rank (nor a leaf, nor one of the same
+//! rank where that rank does not nest), as gVisor's lockdep build and
+//! FreeBSD's `WITNESS` do. Release builds keep nothing: a `RankGuard` is
+//! then zero-sized and its checks compile away.
+//!
+//! A deadlock needs two threads that take two locks in opposite orders; a
+//! test that takes them in the wrong order on one thread, once, is enough
+//! for the checker, whatever the timing. The whole test suite runs it in
+//! CI's debug step.
+
+/// The lock classes, outermost first (the order of `lib.rs`). A thread
+/// may take a lock only if every lock it holds ranks before it; `Object`
+/// nests (a collapse takes the absorbing level's, then the absorbed one's,
+/// top-down). `Leaf` locks nest under anything and nothing nests under them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Rank {
+    /// The unattached threads' shared vCPU slot (`sync::cpu`).
+    SharedSlot,
+    /// An address space's map lock `[M]`.
+    Map,
+    /// A space's anon lock (creating private anonymous objects).
+    Anon,
+    /// An object's lock `[O]`.
+    Object,
+    /// The drain mutex: one drain of every per-CPU cache at a time
+    /// (`PhysMem::drain_pcpu`).
+    Drain,
+    /// A per-CPU cache's own drain lock (`sync::percpu`), taken inside it.
+    PcpDrain,
+    /// A PTE lock `[P]`.
+    Pte,
+    /// A hashed page lock (`refcount=pagelock`).
+    Page,
+    /// The page-queue lock `[Q]`.
+    Queue,
+    /// The global free-list lock `[F]`.
+    FreeList,
+    /// A leaf: nothing is taken while one is held.
+    Leaf,
+}
+
+impl Rank {
+    #[cfg(all(debug_assertions, not(loom)))]
+    fn nests(self) -> bool {
+        matches!(self, Rank::Object)
+    }
+}
+
+#[cfg(all(debug_assertions, not(loom)))]
+mod held {
+    use super::Rank;
+    use std::cell::RefCell;
+
+    thread_local! {
+        /// The ranks this thread holds, in the order it took them.
+        pub(super) static HELD: RefCell<Vec<Rank>> = const { RefCell::new(Vec::new()) };
+    }
+}
+
+/// One held lock's place in the thread's ranks; released on drop. Make it
+/// the last field of a guard, so the lock is released first.
+#[derive(Debug)]
+#[must_use = "the rank is released when the guard is dropped"]
+pub(crate) struct RankGuard {
+    #[cfg(all(debug_assertions, not(loom)))]
+    rank: Option<Rank>,
+}
+
+impl RankGuard {
+    /// Check that `rank` may be taken now, and record it as held. Call
+    /// before blocking on the lock: a wrong order is reported even when
+    /// the run would not deadlock.
+    #[inline]
+    pub(crate) fn enter(rank: Rank) -> RankGuard {
+        Self::push(rank, true)
+    }
+
+    /// Record `rank` as held by a try-lock that succeeded: a try-lock never
+    /// waits, so it may be taken in any order (as lockdep treats trylock),
+    /// but what is taken while it is held is checked against it.
+    #[inline]
+    pub(crate) fn entered_by_try(rank: Rank) -> RankGuard {
+        Self::push(rank, false)
+    }
+
+    #[inline]
+    fn push(rank: Rank, check: bool) -> RankGuard {
+        #[cfg(all(debug_assertions, not(loom)))]
+        {
+            held::HELD.with(|h| {
+                let mut h = h.borrow_mut();
+                if let Some(&last) = h.iter().max().filter(|_| check) {
+                    let ok = last < rank && last != Rank::Leaf || (last == rank && rank.nests());
+                    assert!(ok, "lock order: taking a {rank:?} lock while holding {:?} (lib.rs, \"Lock order\")", *h);
+                }
+                h.push(rank);
+            });
+            RankGuard { rank: Some(rank) }
+        }
+        #[cfg(not(all(debug_assertions, not(loom))))]
+        {
+            let _ = (rank, check);
+            RankGuard {}
+        }
+    }
+
+    /// No rank (a lock outside the hierarchy, or a model's).
+    #[inline]
+    pub(crate) const fn none() -> RankGuard {
+        RankGuard {
+            #[cfg(all(debug_assertions, not(loom)))]
+            rank: None,
+        }
+    }
+}
+
+impl Drop for RankGuard {
+    #[inline]
+    fn drop(&mut self) {
+        #[cfg(all(debug_assertions, not(loom)))]
+        if let Some(rank) = self.rank {
+            let _ = held::HELD.try_with(|h| {
+                let mut h = h.borrow_mut();
+                if let Some(i) = h.iter().rposition(|&r| r == rank) {
+                    h.remove(i);
+                }
+            });
+        }
+    }
+}
+
+/// A lock's guard with its rank, released after it.
+#[derive(Debug)]
+pub(crate) struct Ranked<G> {
+    guard: G,
+    _rank: RankGuard,
+}
+
+impl<G> Ranked<G> {
+    /// `guard` of a lock of `rank`, taken with `rank` entered first.
+    #[inline]
+    pub(crate) fn take(rank: Rank, lock: impl FnOnce() -> G) -> Ranked<G> {
+        let r = RankGuard::enter(rank);
+        Ranked { guard: lock(), _rank: r }
+    }
+
+    /// A lock that nobody else can reach yet (a space `fork` is filling,
+    /// as Linux's `mmap_write_lock_nested`): it cannot be part of a
+    /// deadlock, so it is not checked, but what is taken under it is.
+    #[inline]
+    pub(crate) fn take_unreachable(rank: Rank, lock: impl FnOnce() -> G) -> Ranked<G> {
+        Ranked { guard: lock(), _rank: RankGuard::entered_by_try(rank) }
+    }
+
+    /// A try-lock: `None` (and no rank held) if `lock` gives nothing.
+    #[inline]
+    pub(crate) fn try_take(rank: Rank, lock: impl FnOnce() -> Option<G>) -> Option<Ranked<G>> {
+        lock().map(|guard| Ranked { guard, _rank: RankGuard::entered_by_try(rank) })
+    }
+}
+
+impl<G: std::ops::Deref> std::ops::Deref for Ranked<G> {
+    type Target = G::Target;
+    #[inline]
+    fn deref(&self) -> &G::Target {
+        &self.guard
+    }
+}
+
+impl<G: std::ops::DerefMut> std::ops::DerefMut for Ranked<G> {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut G::Target {
+        &mut self.guard
+    }
+}
+
+/// Lock `m` as a lock of `rank`, recovering from poisoning (a panic while
+/// it was held left data that every user of these locks re-validates).
+#[inline]
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>, rank: Rank) -> Ranked<std::sync::MutexGuard<'_, T>> {
+    Ranked::take(rank, || m.lock().unwrap_or_else(|p| p.into_inner()))
+}
+
+#[cfg(all(test, debug_assertions, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inner_after_outer_passes() {
+        let _m = RankGuard::enter(Rank::Map);
+        let _o = RankGuard::enter(Rank::Object);
+        let _o2 = RankGuard::enter(Rank::Object);
+        let _p = RankGuard::enter(Rank::Pte);
+        let _l = RankGuard::enter(Rank::Leaf);
+    }
+
+    #[test]
+    #[should_panic(expected = "lock order: taking a Map lock while holding [Pte]")]
+    fn outer_after_inner_fails() {
+        let _p = RankGuard::enter(Rank::Pte);
+        let _m = RankGuard::enter(Rank::Map);
+    }
+
+    #[test]
+    #[should_panic(expected = "taking a Pte lock while holding [Pte]")]
+    fn a_rank_that_does_not_nest_fails_twice() {
+        let _p = RankGuard::enter(Rank::Pte);
+        let _q = RankGuard::enter(Rank::Pte);
+    }
+
+    #[test]
+    #[should_panic(expected = "taking a Leaf lock while holding [Leaf]")]
+    fn nothing_under_a_leaf() {
+        let _a = RankGuard::enter(Rank::Leaf);
+        let _b = RankGuard::enter(Rank::Leaf);
+    }
+
+    #[test]
+    fn release_out_of_order_forgets_the_right_one() {
+        let m = RankGuard::enter(Rank::Map);
+        let p = RankGuard::enter(Rank::Pte);
+        drop(m);
+        let q = RankGuard::enter(Rank::Queue);
+        drop(q);
+        drop(p);
+        // Nothing is left held: the outermost rank is allowed again.
+        let _m = RankGuard::enter(Rank::Map);
+    }
+}
