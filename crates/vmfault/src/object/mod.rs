@@ -286,7 +286,7 @@ impl Drop for Object {
         }
         let mut frames = Vec::new();
         let mut leaves = Vec::new();
-        self.index.teardown(&self.m.phys, &mut frames, &mut leaves);
+        self.index.teardown(&self.m.phys, &mut frames, Some(&mut leaves));
         for e in leaves {
             if e & PRESENT != 0 {
                 self.release(Pfn((e >> 12) as u32), &mut frames);

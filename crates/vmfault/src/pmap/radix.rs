@@ -324,11 +324,16 @@ impl Radix {
     }
 
     /// Push every node, root included, onto `out`, and the present leaf
-    /// entries' values onto `leaves`. The caller owns the tree exclusively
-    /// (`&mut self`); frames still go through a grace period when freed.
-    pub(crate) fn teardown(&mut self, phys: &PhysMem, out: &mut Vec<Pfn>, leaves: &mut Vec<u64>) {
+    /// entries' values onto `leaves` (`None`: they are not wanted, and not
+    /// read). The caller owns the tree exclusively (`&mut self`); frames
+    /// still go through a grace period when freed.
+    pub(crate) fn teardown(&mut self, phys: &PhysMem, out: &mut Vec<Pfn>, leaves: Option<&mut Vec<u64>>) {
         if let Some(t) = self.top(phys) {
-            collect(phys, t.node, t.height - 1, out, Some(leaves));
+            let leaves = match leaves {
+                Some(l) => Leaves::Keep(l),
+                None => Leaves::Ignore,
+            };
+            collect(phys, t.node, t.height - 1, out, leaves);
         }
         *self.root.get_mut() = 0;
     }
@@ -386,7 +391,7 @@ fn prune_node(phys: &PhysMem, node: Pfn, level: u32, base: u64, r: &PruneRange, 
         if r.floor <= lo && hi <= r.ceiling {
             slot.store(0, Ordering::Release);
             phys.page(node).children.fetch_sub(1, Ordering::Relaxed);
-            collect(phys, child_of(e), level - 1, out, None);
+            collect(phys, child_of(e), level - 1, out, Leaves::Empty);
         } else {
             prune_node(phys, child_of(e), level - 1, lo, r, out);
         }
@@ -400,10 +405,21 @@ fn prune_node(phys: &PhysMem, node: Pfn, level: u32, base: u64, r: &PruneRange, 
 /// stops at its last child (a node of one child among 512 slots was most
 /// of `malloc1`'s teardown). A leaf node's entries are read only when they
 /// are wanted (`leaves`) or checked (debug builds).
-fn collect(phys: &PhysMem, node: Pfn, level: u32, out: &mut Vec<Pfn>, mut leaves: Option<&mut Vec<u64>>) {
-    let mut left = match level {
-        0 if leaves.is_some() || cfg!(debug_assertions) => u32::MAX,
-        0 => 0,
+/// What [`collect`] does with the leaf entries it passes.
+enum Leaves<'a> {
+    /// Push the present ones here.
+    Keep(&'a mut Vec<u64>),
+    /// They must all be zero (a pruned subtree): checked in debug builds.
+    Empty,
+    /// Not wanted (a dying page table: its pages belong to objects).
+    Ignore,
+}
+
+fn collect(phys: &PhysMem, node: Pfn, level: u32, out: &mut Vec<Pfn>, mut leaves: Leaves<'_>) {
+    let mut left = match (level, &leaves) {
+        (0, Leaves::Keep(_)) => u32::MAX,
+        (0, Leaves::Empty) if cfg!(debug_assertions) => u32::MAX,
+        (0, _) => 0,
         _ => phys.page(node).children.load(Ordering::Relaxed),
     };
     let words = phys.words(node);
@@ -415,14 +431,20 @@ fn collect(phys: &PhysMem, node: Pfn, level: u32, out: &mut Vec<Pfn>, mut leaves
         debug_assert!(level == 0 || left > 0, "node {node:?} at level {level} has more children than it counts");
         left = left.saturating_sub(1);
         if level == 0 {
-            match leaves.as_deref_mut() {
-                Some(l) => l.push(e),
+            match &mut leaves {
+                Leaves::Keep(l) => l.push(e),
                 // Diagnostic: a live entry here would leak its page (no
                 // use after free: the node is freed after a grace period).
-                None => debug_assert!(false, "pruning a leaf node with live entry {e:#x}"),
+                Leaves::Empty => debug_assert!(false, "pruning a leaf node with live entry {e:#x}"),
+                Leaves::Ignore => {}
             }
         } else {
-            collect(phys, child_of(e), level - 1, out, leaves.as_deref_mut());
+            let inner = match &mut leaves {
+                Leaves::Keep(l) => Leaves::Keep(l),
+                Leaves::Empty => Leaves::Empty,
+                Leaves::Ignore => Leaves::Ignore,
+            };
+            collect(phys, child_of(e), level - 1, out, inner);
         }
     }
     out.push(node);
@@ -516,7 +538,7 @@ mod tests {
         assert_eq!(r.leaf_alloc(&frames, OBJECT_LIMIT).unwrap_err(), OutOfFrames);
         assert!(r.leaf(&phys, OBJECT_LIMIT).is_none());
         let (mut out, mut leaves) = (Vec::new(), Vec::new());
-        r.teardown(&phys, &mut out, &mut leaves);
+        r.teardown(&phys, &mut out, Some(&mut leaves));
         assert_eq!(leaves, vec![70, 71, 72]);
         assert_eq!(out.len() as u64, free - phys.global_free_frames(), "teardown finds every node");
     }
@@ -550,7 +572,7 @@ mod tests {
             assert_eq!(r.leaf(&phys, k).unwrap().entry.load(Ordering::Relaxed), v);
         }
         let (mut out, mut leaves) = (Vec::new(), Vec::new());
-        r.teardown(&phys, &mut out, &mut leaves);
+        r.teardown(&phys, &mut out, Some(&mut leaves));
         assert_eq!(leaves, vec![4, 3, 1, 2, 5]);
         assert_eq!(out.len() as u64, free - phys.global_free_frames(), "teardown finds every node");
     }
@@ -627,7 +649,7 @@ mod tests {
             check_children(&phys, root, height - 1);
         }
         let (mut out, mut leaves) = (Vec::new(), Vec::new());
-        r.teardown(&phys, &mut out, &mut leaves);
+        r.teardown(&phys, &mut out, Some(&mut leaves));
         assert!(leaves.is_empty());
         assert_eq!((out.len() + pruned.len()) as u64, free - phys.global_free_frames(), "every node found once");
         out.extend(&pruned);

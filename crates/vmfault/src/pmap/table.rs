@@ -213,8 +213,7 @@ impl Pmap {
     /// table). PTEs still present are dropped with it: the pages they map
     /// belong to objects, which free them.
     pub(crate) fn teardown(&mut self, phys: &PhysMem, out: &mut Vec<Pfn>) {
-        let mut leaves = Vec::new();
-        self.radix.teardown(phys, out, &mut leaves);
+        self.radix.teardown(phys, out, None);
         self.tables.store(0, Ordering::Relaxed);
     }
 }

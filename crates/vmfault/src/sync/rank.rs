@@ -11,9 +11,12 @@
 //! CI's debug step.
 
 /// The lock classes, outermost first (the order of `lib.rs`). A thread
-/// may take a lock only if every lock it holds ranks before it; `Object`
-/// nests (a collapse takes the absorbing level's, then the absorbed one's,
-/// top-down). `Leaf` locks nest under anything and nothing nests under them.
+/// may take a lock only if every lock it holds allows it ([`Rank::allows`]):
+/// in general a later rank; `Object` nests (a collapse takes the absorbing
+/// level's, then the absorbed one's, top-down); the tree's branches that
+/// hold nothing else (the page-queue and free-list locks, the drain
+/// mutexes but for the free list) allow only what `lib.rs` puts inside
+/// them; `Leaf` locks nest under anything and nothing nests under them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Rank {
     /// The unattached threads' shared vCPU slot (`sync::cpu`).
@@ -42,9 +45,17 @@ pub(crate) enum Rank {
 }
 
 impl Rank {
+    /// Whether a lock of class `inner` may be taken while one of `self`
+    /// is held.
     #[cfg(all(debug_assertions, not(loom)))]
-    fn nests(self) -> bool {
-        matches!(self, Rank::Object)
+    fn allows(self, inner: Rank) -> bool {
+        match self {
+            Rank::Leaf | Rank::Queue | Rank::FreeList => false,
+            Rank::Drain => matches!(inner, Rank::PcpDrain | Rank::FreeList | Rank::Leaf),
+            Rank::PcpDrain => matches!(inner, Rank::FreeList | Rank::Leaf),
+            Rank::Object => inner >= Rank::Object,
+            _ => inner > self,
+        }
     }
 }
 
@@ -91,8 +102,8 @@ impl RankGuard {
         {
             held::HELD.with(|h| {
                 let mut h = h.borrow_mut();
-                if let Some(&last) = h.iter().max().filter(|_| check) {
-                    let ok = last < rank && last != Rank::Leaf || (last == rank && rank.nests());
+                if check {
+                    let ok = h.iter().all(|held| held.allows(rank));
                     assert!(ok, "lock order: taking a {rank:?} lock while holding {:?} (lib.rs, \"Lock order\")", *h);
                 }
                 h.push(rank);
@@ -208,6 +219,20 @@ mod tests {
     fn a_rank_that_does_not_nest_fails_twice() {
         let _p = RankGuard::enter(Rank::Pte);
         let _q = RankGuard::enter(Rank::Pte);
+    }
+
+    #[test]
+    #[should_panic(expected = "taking a FreeList lock while holding [Queue]")]
+    fn nothing_under_the_queue_lock() {
+        let _q = RankGuard::enter(Rank::Queue);
+        let _f = RankGuard::enter(Rank::FreeList);
+    }
+
+    #[test]
+    #[should_panic(expected = "taking a Pte lock while holding [Drain]")]
+    fn the_drain_holds_only_the_free_list() {
+        let _d = RankGuard::enter(Rank::Drain);
+        let _p = RankGuard::enter(Rank::Pte);
     }
 
     #[test]

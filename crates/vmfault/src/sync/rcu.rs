@@ -363,6 +363,11 @@ impl Rcu {
             slot.pin.store(word, Ordering::Relaxed);
             return RcuPin { section };
         }
+        // Release fence: a `wait_unpinned` that reads this new pin, not
+        // the `NO_PIN` before it, still synchronizes with everything the
+        // previous pinned section did (a plain store does not continue the
+        // release sequence of that `NO_PIN` store).
+        fence(Ordering::Release);
         // Relaxed: the entry fence below (or the one of `read_lock`) orders
         // it before every load of the section.
         slot.pin.store(word, Ordering::Relaxed);
