@@ -44,7 +44,7 @@ use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 
-use super::{DIRTY, Insert, Object, PRESENT, SwapOut, WRITEBACK};
+use super::{DIRTY, Insert, Object, PRESENT, SwapOut, WRITEBACK, maps, pfn_of};
 use crate::error::{Error, Op, Result};
 use crate::phys::Pfn;
 use crate::pmap::OutOfFrames;
@@ -229,7 +229,7 @@ impl Object {
     /// still the page there (the caller's wiring keeps it from leaving).
     pub(crate) fn mark_dirty_if(&self, pindex: u64, pfn: Pfn) {
         let e = self.entry(pindex);
-        if e & PRESENT != 0 && e >> 12 == u64::from(pfn.0) {
+        if maps(e, pfn) {
             self.mark_dirty(pindex);
         }
     }
@@ -257,7 +257,7 @@ impl Object {
                 }
                 match entry.compare_exchange_weak(e, (e & !DIRTY) | WRITEBACK, AcqRel, Relaxed) {
                     Ok(_) => {
-                        out.push((i, Pfn((e >> 12) as u32)));
+                        out.push((i, pfn_of(e)));
                         break;
                     }
                     Err(now) => e = now,
@@ -442,7 +442,7 @@ impl Object {
         let Some(fd) = &self.file else { return SwapOut::Lost };
         let Some(leaf) = self.index.leaf(&self.m.phys, pindex) else { return SwapOut::Lost };
         let mut e = leaf.entry.load(Acquire);
-        if e & PRESENT == 0 || e >> 12 != u64::from(pfn.0) {
+        if !maps(e, pfn) {
             return SwapOut::Lost;
         }
         if e & WRITEBACK != 0 {

@@ -102,6 +102,38 @@ const SWAP: u64 = 8;
 /// the page daemon leaves it alone until the write ends.
 const WRITEBACK: u64 = 16;
 
+/// The entry of a resident page: its frame above bit 12, `PRESENT`.
+#[inline]
+fn entry_of(pfn: Pfn) -> u64 {
+    (u64::from(pfn.0) << 12) | PRESENT
+}
+
+/// The frame of a resident page's entry (the caller checked `PRESENT`).
+#[inline]
+fn pfn_of(entry: u64) -> Pfn {
+    debug_assert!(entry & PRESENT != 0, "the frame of a non-resident entry {entry:#x}");
+    Pfn((entry >> 12) as u32)
+}
+
+/// Whether `entry` is the resident page in frame `pfn`.
+#[inline]
+fn maps(entry: u64, pfn: Pfn) -> bool {
+    entry & PRESENT != 0 && entry >> 12 == u64::from(pfn.0)
+}
+
+/// The entry of a page paged out to swap slot `slot`.
+#[inline]
+fn swap_entry(slot: u64) -> u64 {
+    (slot << 12) | SWAP
+}
+
+/// The swap slot of a paged-out page's entry (the caller checked `SWAP`).
+#[inline]
+fn slot_of(entry: u64) -> u64 {
+    debug_assert!(entry & SWAP != 0, "the swap slot of entry {entry:#x}");
+    entry >> 12
+}
+
 impl Object {
     /// A new anonymous object.
     pub(crate) fn new_anon(ctx: &Ctx<'_>, m: &Arc<Machine>) -> Result<Arc<Object>, OutOfFrames> {
@@ -187,7 +219,7 @@ impl Object {
             PageQueues::mark(desc, Queue::Active);
         }
         let pfn = phys.publish(page, Kind::Data);
-        let entry = (u64::from(pfn.0) << 12) | PRESENT;
+        let entry = entry_of(pfn);
         // Release: the page's contents (zeroed or copied while it was an
         // OwnedFrame) and its descriptor are visible to whoever finds it
         // through the index. A hole is replaced like an empty slot.
@@ -195,7 +227,7 @@ impl Object {
         loop {
             if cur & PRESENT != 0 {
                 frames.free_owned(phys.unpublish(pfn, Kind::Data));
-                return Insert::Theirs(Pfn((cur >> 12) as u32));
+                return Insert::Theirs(pfn_of(cur));
             }
             if cur & SWAP != 0 {
                 // Paged out since the caller looked: never lose it.
@@ -228,7 +260,7 @@ impl Object {
             }
             let e = leaf.entry.swap(0, Ordering::AcqRel);
             if e & PRESENT != 0 {
-                self.release(Pfn((e >> 12) as u32), out);
+                self.release(pfn_of(e), out);
                 n += 1;
             }
             self.forget_slot(e);
@@ -289,7 +321,7 @@ impl Drop for Object {
         self.index.teardown(&self.m.phys, &mut frames, Some(&mut leaves));
         for e in leaves {
             if e & PRESENT != 0 {
-                self.release(Pfn((e >> 12) as u32), &mut frames);
+                self.release(pfn_of(e), &mut frames);
             }
             self.forget_slot(e);
         }

@@ -40,7 +40,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::{HOLE, Object, PRESENT, SWAP, Slot};
+use super::{HOLE, Object, PRESENT, SWAP, Slot, maps, pfn_of};
 use crate::phys::Pfn;
 use crate::pmap::OutOfFrames;
 use crate::sync::rcu::{RcuReadGuard, Retired};
@@ -126,7 +126,7 @@ impl Object {
             // Behind a hole only a file's page shows (Linux re-reads the file).
             if !behind_hole || o.is_file() {
                 if e & PRESENT != 0 {
-                    let pfn = Pfn((e >> 12) as u32);
+                    let pfn = pfn_of(e);
                     return if depth == 0 { Found::Own(pfn) } else { Found::Below(pfn) };
                 }
                 if e & SWAP != 0 {
@@ -150,7 +150,7 @@ impl Object {
     /// Whether this object itself holds `pfn` at `pindex`.
     pub(crate) fn holds(&self, pindex: u64, pfn: Pfn) -> bool {
         let e = self.entry(pindex);
-        e & PRESENT != 0 && e >> 12 == u64::from(pfn.0)
+        maps(e, pfn)
     }
 
     /// The object below this one, if any.
@@ -318,7 +318,7 @@ fn absorb(
         // before the pointer switch below).
         let moved = crate::sync::publish_if_empty(mine.entry, e);
         if e & PRESENT != 0 {
-            let pfn = Pfn((e >> 12) as u32);
+            let pfn = pfn_of(e);
             if moved {
                 phys.page(pfn).object.store(level.id, Ordering::Relaxed);
             } else {

@@ -32,7 +32,7 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak};
 
-use super::{Object, PRESENT, SWAP};
+use super::{Object, SWAP, entry_of, slot_of, swap_entry};
 use crate::error::{Error, Op, Result};
 use crate::phys::{Kind, PageQueues, Pfn, Queue};
 use crate::stats::Counter;
@@ -132,8 +132,7 @@ impl Object {
             return SwapOut::Lost;
         }
         let Some(leaf) = self.index.leaf(&self.m.phys, pindex) else { return SwapOut::Lost };
-        let want = (u64::from(pfn.0) << 12) | PRESENT;
-        match leaf.entry.compare_exchange(want, (slot << 12) | SWAP, Ordering::AcqRel, Ordering::Relaxed) {
+        match leaf.entry.compare_exchange(entry_of(pfn), swap_entry(slot), Ordering::AcqRel, Ordering::Relaxed) {
             Ok(_) => SwapOut::Done,
             Err(_) => SwapOut::Lost,
         }
@@ -158,7 +157,7 @@ impl Object {
             frames.free_owned(frame);
             return Ok(());
         };
-        let slot = e >> 12;
+        let slot = slot_of(e);
         if let Err(err) = swap.read(slot, phys.owned_bytes(&mut frame)) {
             frames.free_owned(frame);
             return Err(err);
@@ -172,7 +171,7 @@ impl Object {
         PageQueues::mark(desc, Queue::Active);
         let pfn = phys.publish(frame, Kind::Data);
         // Release: the contents are visible to whoever finds the page.
-        let new = (u64::from(pfn.0) << 12) | PRESENT;
+        let new = entry_of(pfn);
         if leaf.entry.compare_exchange(e, new, Ordering::AcqRel, Ordering::Relaxed).is_err() {
             // Removed meanwhile (munmap): that took the slot too.
             frames.free_owned(phys.unpublish(pfn, Kind::Data));
@@ -188,7 +187,7 @@ impl Object {
     /// took the entry out of an index).
     pub(super) fn forget_slot(&self, e: u64) {
         if e & SWAP != 0 {
-            self.m.swap.as_ref().expect("swap entries come from the swap file").free(e >> 12);
+            self.m.swap.as_ref().expect("swap entries come from the swap file").free(slot_of(e));
         }
     }
 }
