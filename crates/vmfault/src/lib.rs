@@ -89,9 +89,10 @@
 //! the map lock, the anon lock, object locks, the two drain mutexes, PTE
 //! locks, page locks, the page-queue lock and the free-list lock, and as
 //! leaves the retired-snapshot and deferred-list mutexes, the space and
-//! anonymous-object registries, the orphan list and the swap slot map.
-//! Not checked yet: a file object's mutexes, the reverse-map and pv-list
-//! mutexes, the daemon's doorbell and the VMA lock word.
+//! anonymous-object registries, the orphan list, the swap slot map, an
+//! object's reverse-map mutex and the pv lists. Not checked yet: a file
+//! object's mutexes, the daemon's doorbell (both wait on condition
+//! variables, which want the bare guard) and the VMA lock word.
 //!
 //! The page daemon (`reclaim`) holds none of these across another: it
 //! takes no map lock, only tries object locks, and takes PTE locks one at

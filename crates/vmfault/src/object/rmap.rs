@@ -41,6 +41,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use super::Object;
 use crate::aspace::Space;
 use crate::phys::Pfn;
+use crate::sync::rank::{self, Rank, Ranked};
 use crate::vm::Machine;
 
 /// A backing record's identity: (space id, first address, end, page offset).
@@ -83,8 +84,8 @@ pub(crate) struct RmapTotals {
 }
 
 impl ObjRmap {
-    fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> Ranked<MutexGuard<'_, Inner>> {
+        rank::lock(&self.inner, Rank::Leaf)
     }
 
     /// Run `f` on the list, accounting for its change in size.
@@ -218,8 +219,8 @@ impl PvTable {
         Ok(PvTable { lists: lists.into_boxed_slice() })
     }
 
-    fn list(&self, pfn: Pfn) -> MutexGuard<'_, Vec<Pv>> {
-        self.lists[pfn.0 as usize].lock().unwrap_or_else(|p| p.into_inner())
+    fn list(&self, pfn: Pfn) -> Ranked<MutexGuard<'_, Vec<Pv>>> {
+        rank::lock(&self.lists[pfn.0 as usize], Rank::Leaf)
     }
 
     /// A PTE now maps `pfn`. Called under that PTE's lock.
@@ -250,7 +251,7 @@ impl PvTable {
     /// (entries, bytes of entries allocated) over every frame.
     pub(crate) fn totals(&self) -> (u64, u64) {
         self.lists.iter().fold((0, 0), |(n, b), l| {
-            let l = l.lock().unwrap_or_else(|p| p.into_inner());
+            let l = rank::lock(l, Rank::Leaf);
             (n + l.len() as u64, b + (l.capacity() * size_of::<Pv>()) as u64)
         })
     }
