@@ -47,11 +47,11 @@ use crate::error::{Error, Op, Result};
 use crate::phys::Pfn;
 use crate::pmap::Pmap;
 use crate::stats::Counter;
-use crate::sync::rcu::{RcuBox, RcuReadGuard, Retired};
+use crate::sync::rcu::{RcuArc, RcuReadGuard, Retired};
 use crate::types::MappingInfo;
 use crate::vm::{Ctx, Vm};
 pub use hold::PageHold;
-use vma::{Snapshot, Vma, VmaFlags, VmaTree};
+use vma::{Snapshot, SnapshotNode, SnapshotRef, Vma, VmaFlags, VmaTree};
 
 /// Retired snapshots that make an operation wait for a grace period.
 const SNAPSHOT_BACKLOG: usize = 32;
@@ -104,9 +104,9 @@ pub(crate) struct Space {
     anon_lock: Mutex<()>,
     /// `[a]` the VMA index as lockless faults see it (RCU: read inside a
     /// section; replaced under the map write lock after every change).
-    snapshot: RcuBox<Snapshot>,
+    snapshot: RcuArc<SnapshotNode>,
     /// Replaced snapshots waiting for a grace period (inner to the map lock).
-    retired: Mutex<Vec<Retired<Box<Snapshot>>>>,
+    retired: Mutex<Vec<Retired<Snapshot>>>,
     /// `[I]` whether faults look VMAs up without the map lock (so snapshots
     /// must be published).
     lockless: bool,
@@ -223,7 +223,7 @@ impl AddressSpace {
                 map: RwLock::new(VmaTree::recorded(owner)),
                 pmap,
                 anon_lock: Mutex::new(()),
-                snapshot: RcuBox::new(Snapshot::default()),
+                snapshot: RcuArc::new(None),
                 retired: Mutex::new(Vec::new()),
                 lockless,
             }
@@ -286,8 +286,8 @@ impl Space {
 
     /// The VMA index as lockless faults see it, for the section's length.
     #[inline]
-    pub(crate) fn snapshot<'a>(&'a self, section: &'a RcuReadGuard<'_>) -> &'a Snapshot {
-        self.snapshot.read(section)
+    pub(crate) fn snapshot<'a>(&'a self, section: &'a RcuReadGuard<'_>) -> SnapshotRef<'a> {
+        SnapshotRef(self.snapshot.read(section))
     }
 
     /// Take the anon lock (see the field).

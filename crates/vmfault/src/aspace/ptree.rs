@@ -27,8 +27,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 type Link<V> = Option<Arc<Node<V>>>;
 
+/// A node; its subtree is one version of the map (immutable once shared).
 #[derive(Debug, Clone)]
-struct Node<V> {
+pub(crate) struct Node<V> {
     key: u64,
     prio: u64,
     val: V,
@@ -55,6 +56,23 @@ impl<V> Default for PTree<V> {
         static SEEDS: AtomicU64 = AtomicU64::new(0x2545_f491_4f6c_dd1d);
         PTree { root: None, len: 0, seed: mix(SEEDS.fetch_add(1, Ordering::Relaxed)) }
     }
+}
+
+/// The entry with the smallest key above `key` in the version rooted at
+/// `root` (a published root, read inside an RCU section).
+#[inline]
+pub(crate) fn first_above<V>(root: Option<&Node<V>>, key: u64) -> Option<(u64, &V)> {
+    let mut best = None;
+    let mut cur = root;
+    while let Some(n) = cur {
+        if n.key > key {
+            best = Some(n);
+            cur = n.left.as_deref();
+        } else {
+            cur = n.right.as_deref();
+        }
+    }
+    best.map(|n| (n.key, &n.val))
 }
 
 /// SplitMix64's finalizer: a bijective mix of 64 bits.
@@ -86,17 +104,13 @@ impl<V: Clone> PTree<V> {
     /// The entry with the smallest key above `key`.
     #[inline]
     pub(crate) fn first_above(&self, key: u64) -> Option<(u64, &V)> {
-        let mut best = None;
-        let mut cur = self.root.as_deref();
-        while let Some(n) = cur {
-            if n.key > key {
-                best = Some(n);
-                cur = n.left.as_deref();
-            } else {
-                cur = n.right.as_deref();
-            }
-        }
-        best.map(|n| (n.key, &n.val))
+        first_above(self.root.as_deref(), key)
+    }
+
+    /// This version's root, to publish (`sync::rcu::RcuArc`): a reader
+    /// that holds it sees exactly this version ([`first_above`]).
+    pub(crate) fn root(&self) -> Option<Arc<Node<V>>> {
+        self.root.clone()
     }
 
     /// The entry with the largest key at or below `key`.

@@ -312,7 +312,7 @@ impl VmaTree {
     /// This version of the index, for lockless readers: O(1), it shares
     /// every node with the index (see `ptree`).
     pub(crate) fn snapshot(&self) -> Snapshot {
-        Snapshot { by_end: self.by_end.clone() }
+        self.by_end.root()
     }
 
     /// Remove everything in `start..end`, splitting VMAs that straddle an
@@ -398,18 +398,23 @@ fn values<'a>(it: Iter<'a, Arc<Vma>>) -> impl Iterator<Item = &'a Arc<Vma>> {
 
 /// A version of the VMA index, published for lockless readers (the
 /// speculative and per-VMA-lock fault paths) and dropped after a grace
-/// period once replaced. Its VMAs stay allocated while it exists.
-#[derive(Debug, Default)]
-pub(crate) struct Snapshot {
-    /// `[I]` the VMAs by end address.
-    by_end: PTree<Arc<Vma>>,
-}
+/// period once replaced: the root of the persistent tree (none when the
+/// space has no VMA), published as it is, with no allocation of its own
+/// (`sync::rcu::RcuArc`). Its VMAs stay allocated while it exists.
+pub(crate) type Snapshot = Option<Arc<SnapshotNode>>;
 
-impl Snapshot {
+/// A node of a published version of the VMA index.
+pub(crate) type SnapshotNode = super::ptree::Node<Arc<Vma>>;
+
+/// A published version as a reader sees it, for one read-side section.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SnapshotRef<'a>(pub(crate) Option<&'a SnapshotNode>);
+
+impl<'a> SnapshotRef<'a> {
     /// The VMA containing `addr`, if any.
     #[inline]
-    pub(crate) fn find(&self, addr: u64) -> Option<&Arc<Vma>> {
-        self.by_end.first_above(addr).map(|(_, v)| v).filter(|v| v.start <= addr)
+    pub(crate) fn find(self, addr: u64) -> Option<&'a Arc<Vma>> {
+        super::ptree::first_above(self.0, addr).map(|(_, v)| v).filter(|v| v.start <= addr)
     }
 }
 
@@ -453,7 +458,8 @@ mod tests {
         let mut t = VmaTree::default();
         t.insert(vma(10, 20, Prot::READ));
         t.insert(vma(30, 40, Prot::READ));
-        let snap = t.snapshot();
+        let root = t.snapshot();
+        let snap = SnapshotRef(root.as_deref());
         assert_eq!(snap.find(15 * P).map(|v| v.start), Some(10 * P));
         assert!(snap.find(25 * P).is_none() && snap.find(40 * P).is_none());
         let old = snap.find(35 * P).unwrap().clone();

@@ -71,6 +71,7 @@
 
 use std::cell::Cell;
 use std::mem::ManuallyDrop;
+use std::sync::Arc;
 
 use super::CachePadded;
 use super::atomic::{AtomicPtr, AtomicU64, Ordering, fence};
@@ -514,6 +515,77 @@ impl<T: std::fmt::Debug> std::fmt::Debug for RcuBox<T> {
     }
 }
 
+/// An `Arc` (or nothing) published to RCU readers, like [`RcuBox`] but
+/// with no allocation of its own: the pointer is the `Arc`'s, so a writer
+/// that already holds the value in an `Arc` publishes it for one
+/// reference count (the VMA index's root node, `aspace::vma`).
+pub struct RcuArc<T> {
+    /// `[a]` from `Arc::into_raw`, or null for none; loaded with Acquire
+    /// inside sections, swapped by writers.
+    ptr: AtomicPtr<T>,
+}
+
+// SAFETY: as for `RcuBox`: readers on other threads get `&T` (`Sync`); the
+// last reference may drop on whichever thread reclaims it (`Send`).
+unsafe impl<T: Send + Sync> Sync for RcuArc<T> {}
+// SAFETY: as above.
+unsafe impl<T: Send + Sync> Send for RcuArc<T> {}
+
+fn into_ptr<T>(value: Option<Arc<T>>) -> *mut T {
+    value.map_or(std::ptr::null_mut(), |a| Arc::into_raw(a).cast_mut())
+}
+
+/// # Safety
+/// `p` is null or came from [`into_ptr`], and its reference is given up
+/// here exactly once.
+unsafe fn from_ptr<T>(p: *mut T) -> Option<Arc<T>> {
+    // SAFETY: the caller's promise: a pointer from `Arc::into_raw` whose
+    // reference nobody else will take back.
+    (!p.is_null()).then(|| unsafe { Arc::from_raw(p.cast_const()) })
+}
+
+impl<T> RcuArc<T> {
+    /// Publish `value`.
+    pub fn new(value: Option<Arc<T>>) -> Self {
+        RcuArc { ptr: AtomicPtr::new(into_ptr(value)) }
+    }
+
+    /// The current value, for as long as the read-side section lasts.
+    #[inline]
+    pub fn read<'a>(&'a self, _section: &'a RcuReadGuard<'_>) -> Option<&'a T> {
+        // SAFETY: null or from `Arc::into_raw`; the reference it stands for
+        // is given back only through `Retired`, after a grace period that
+        // started once it was unpublished, so the value outlives every
+        // section (like ours) that could have loaded it. Acquire pairs with
+        // the swap in `replace`.
+        unsafe { self.ptr.load(Ordering::Acquire).as_ref() }
+    }
+
+    /// Publish `value`; the old one comes back to be dropped after a grace
+    /// period.
+    pub fn replace(&self, rcu: &Rcu, value: Option<Arc<T>>) -> Retired<Option<Arc<T>>> {
+        let old = self.ptr.swap(into_ptr(value), Ordering::AcqRel);
+        // SAFETY: `old` was published by `new` or `replace` and is now
+        // unpublished: its reference is taken back once, here, and dropped
+        // only after a grace period (through `Retired`).
+        rcu.retire(unsafe { from_ptr(old) })
+    }
+}
+
+impl<T> Drop for RcuArc<T> {
+    fn drop(&mut self) {
+        // SAFETY: `&mut self` means no reader borrows us (reads are tied to
+        // a borrow of `self`); the pointer's reference is taken back once.
+        drop(unsafe { from_ptr(self.ptr.load(Ordering::Relaxed)) });
+    }
+}
+
+impl<T> std::fmt::Debug for RcuArc<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RcuArc")
+    }
+}
+
 impl Drop for RcuReadGuard<'_> {
     #[inline]
     fn drop(&mut self) {
@@ -551,6 +623,29 @@ mod tests {
         }
         assert!(rcu.is_quiescent(0));
         rcu.synchronize();
+    }
+
+    #[test]
+    fn rcu_arc_publishes_without_a_copy_and_gives_each_reference_back_once() {
+        let (rcu, mut readers) = Rcu::new(1);
+        let r = readers.pop().unwrap();
+        let a = Arc::new(7u64);
+        let cell = RcuArc::new(Some(a.clone()));
+        assert_eq!(Arc::strong_count(&a), 2, "the cell holds one reference");
+        {
+            let s = rcu.read_lock(&r);
+            assert!(std::ptr::eq(cell.read(&s).unwrap(), &*a), "the Arc's own value, not a copy");
+        }
+        let mut list = vec![cell.replace(&rcu, None)];
+        assert!(cell.read(&rcu.read_lock(&r)).is_none());
+        assert_eq!(Arc::strong_count(&a), 2, "retired, not yet given back");
+        drop(rcu.reclaim(&mut list, true));
+        assert_eq!(Arc::strong_count(&a), 1);
+        let b = Arc::new(8u64);
+        let mut list = vec![cell.replace(&rcu, Some(b.clone()))];
+        drop(rcu.reclaim(&mut list, true));
+        drop(cell);
+        assert_eq!(Arc::strong_count(&b), 1, "the cell's drop gives its reference back");
     }
 
     #[test]
