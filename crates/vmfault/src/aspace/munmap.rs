@@ -55,10 +55,13 @@ impl Space {
             }
             carved
         };
+        // Every unlink of this call is done (VMAs retired, PTEs zapped, the
+        // old snapshot retired when the map lock went).
+        let unlinked = ctx.m.rcu.cookie();
         let objects_gone = carved.iter().any(|v| v.object.get().is_some());
         self.finish(ctx, ptes, &frames, objects_gone);
         self.write_back_removed(ctx, &carved);
-        drop(carved);
+        self.drop_removed(ctx, carved, unlinked);
         Ok(())
     }
 

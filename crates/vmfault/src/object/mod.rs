@@ -327,7 +327,46 @@ impl Drop for Object {
         }
         // Pages may still be mapped in PTEs that a walker read before they
         // were zapped: freed after a grace period (waited for here, or by
-        // the grace-period thread with free_path=deferred).
-        self.m.phys.free_later(&self.m.rcu, &frames);
+        // the grace-period thread with free_path=deferred), unless the
+        // drop runs inside `dropping_aged`, whose caller knows one has
+        // passed.
+        if !AGED_SINK.with(|s| s.borrow_mut().as_mut().map(|v| v.extend_from_slice(&frames)).is_some()) {
+            self.m.phys.free_later(&self.m.rcu, &frames);
+        }
     }
+}
+
+thread_local! {
+    /// Where the objects dropped inside [`dropping_aged`] leave their
+    /// frames (`None` outside it).
+    static AGED_SINK: std::cell::RefCell<Option<Vec<Pfn>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Run `drop_them` (which drops values that may hold the last references
+/// to objects), collecting the frames of the objects it ends instead of
+/// freeing each object's after a grace period of its own; returns them.
+///
+/// # Precondition
+/// Every way a lockless reader could reach those objects, their index
+/// nodes or their pages was unlinked before a grace period that has
+/// ended: the values are VMA-index snapshots that `Rcu::reclaim` gave
+/// back, and the PTEs of the mappings they name were zapped before the
+/// snapshots were retired. So the frames may be freed at once (the
+/// caller frees them through its vCPU's cache: no global lock, and no
+/// second wait after the snapshots' own).
+pub(crate) fn dropping_aged(drop_them: impl FnOnce()) -> Vec<Pfn> {
+    struct Restore(Option<Vec<Pfn>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            // A nested call (an object's end dropping snapshots) keeps the
+            // outer collection going.
+            let _ = AGED_SINK.try_with(|s| *s.borrow_mut() = self.0.take());
+        }
+    }
+    let outer = AGED_SINK.with(|s| s.borrow_mut().replace(Vec::new()));
+    let restore = Restore(outer);
+    drop_them();
+    let mine = AGED_SINK.with(|s| s.borrow_mut().take()).unwrap_or_default();
+    drop(restore);
+    mine
 }

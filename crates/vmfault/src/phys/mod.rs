@@ -258,7 +258,7 @@ impl PhysMem {
     }
 
     /// Free frames whose grace period has ended, in one batch.
-    fn give_aged(&self, frames: &[Pfn]) {
+    pub(crate) fn give_aged(&self, frames: &[Pfn]) {
         if frames.is_empty() {
             return;
         }
