@@ -267,3 +267,32 @@ fn page_tables_are_freed_with_their_last_mapping() {
     assert_eq!(vm.stats().data_pages, 0);
     assert_eq!(vm.stats().index_pages, 0);
 }
+
+#[test]
+fn a_space_kept_in_a_thread_local_ends_with_its_thread() {
+    // The space's objects end in this thread-local's destructor, after the
+    // destructors of the thread-locals vmfault used during the munmap below
+    // (they were initialized later, so they go first): nothing may panic
+    // there (a panic in a thread-local destructor aborts the process).
+    thread_local! {
+        static KEPT: std::cell::RefCell<Option<(AddressSpace, u64)>> = const { std::cell::RefCell::new(None) };
+    }
+    let vm = small(16 << 20, 1);
+    let t = std::thread::spawn({
+        let vm = vm.clone();
+        move || {
+            let space = vm.new_space().unwrap();
+            let rw = Prot::READ | Prot::WRITE;
+            let a = space.mmap(0, 8 << 12, rw, MapFlags::PRIVATE | MapFlags::ANONYMOUS).unwrap();
+            space.write(a, b"kept").unwrap();
+            space.write(a + (4 << 12), b"gone").unwrap();
+            KEPT.with(|k| *k.borrow_mut() = Some((space.clone(), a)));
+            // Ends the second mapping's object in this call (the sink).
+            let b = space.mmap(0, 4 << 12, rw, MapFlags::PRIVATE | MapFlags::ANONYMOUS).unwrap();
+            space.write(b, b"x").unwrap();
+            space.munmap(b, 4 << 12).unwrap();
+        }
+    });
+    t.join().expect("the thread ends cleanly");
+    assert_eq!(vm.stats().data_pages, 0, "the kept space's pages were freed at the thread's end");
+}

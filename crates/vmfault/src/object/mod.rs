@@ -330,7 +330,12 @@ impl Drop for Object {
         // the grace-period thread with free_path=deferred), unless the
         // drop runs inside `dropping_aged`, whose caller knows one has
         // passed.
-        if !AGED_SINK.with(|s| s.borrow_mut().as_mut().map(|v| v.extend_from_slice(&frames)).is_some()) {
+        // (`try_with`: an object may end in a thread-local's destructor,
+        // after this one's.)
+        let sunk = AGED_SINK
+            .try_with(|s| s.borrow_mut().as_mut().map(|v| v.extend_from_slice(&frames)).is_some())
+            .unwrap_or(false);
+        if !sunk {
             self.m.phys.free_later(&self.m.rcu, &frames);
         }
     }
@@ -363,10 +368,14 @@ pub(crate) fn dropping_aged(drop_them: impl FnOnce()) -> Vec<Pfn> {
             let _ = AGED_SINK.try_with(|s| *s.borrow_mut() = self.0.take());
         }
     }
-    let outer = AGED_SINK.with(|s| s.borrow_mut().replace(Vec::new()));
+    let Ok(outer) = AGED_SINK.try_with(|s| s.borrow_mut().replace(Vec::new())) else {
+        // The thread is ending: each object frees its own, as elsewhere.
+        drop_them();
+        return Vec::new();
+    };
     let restore = Restore(outer);
     drop_them();
-    let mine = AGED_SINK.with(|s| s.borrow_mut().take()).unwrap_or_default();
+    let mine = AGED_SINK.try_with(|s| s.borrow_mut().take()).ok().flatten().unwrap_or_default();
     drop(restore);
     mine
 }

@@ -100,7 +100,9 @@ impl RankGuard {
     fn push(rank: Rank, check: bool) -> RankGuard {
         #[cfg(all(debug_assertions, not(loom)))]
         {
-            held::HELD.with(|h| {
+            // `try_with`: a lock may be taken in a thread-local's destructor
+            // after this one's; it is then not checked.
+            let recorded = held::HELD.try_with(|h| {
                 let mut h = h.borrow_mut();
                 if check {
                     let ok = h.iter().all(|held| held.allows(rank));
@@ -108,7 +110,7 @@ impl RankGuard {
                 }
                 h.push(rank);
             });
-            RankGuard { rank: Some(rank) }
+            RankGuard { rank: recorded.is_ok().then_some(rank) }
         }
         #[cfg(not(all(debug_assertions, not(loom))))]
         {
