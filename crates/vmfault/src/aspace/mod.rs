@@ -40,13 +40,12 @@ pub(crate) mod vma;
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use crate::sync::rank::{self, Rank, Ranked};
-
 use crate::config::FaultPath;
 use crate::error::{Error, Op, Result};
 use crate::phys::Pfn;
 use crate::pmap::Pmap;
 use crate::stats::Counter;
+use crate::sync::rank::{self, Rank, Ranked};
 use crate::sync::rcu::{RcuArc, RcuReadGuard, Retired};
 use crate::types::MappingInfo;
 use crate::vm::{Ctx, Vm};
@@ -372,12 +371,13 @@ impl Space {
         self.drop_aged(ctx, done);
     }
 
-    /// Drop snapshots `Rcu::reclaim` gave back. The objects whose last
+    /// Drop `done`: snapshots `Rcu::reclaim` gave back, or removed VMAs
+    /// past a grace period (`drop_removed`). The objects whose last
     /// reference they held end here, and their frames (index nodes, pages
-    /// left) were unreachable to readers before the snapshots' grace
-    /// period ended, so they go to this vCPU's cache with no wait of their
-    /// own and no global lock (`object::dropping_aged`).
-    fn drop_aged(&self, ctx: &Ctx<'_>, done: Vec<Snapshot>) {
+    /// left) were unreachable to readers before that grace period ended,
+    /// so they go to this vCPU's cache with no wait of their own and no
+    /// global lock (`object::dropping_aged`).
+    fn drop_aged<T>(&self, ctx: &Ctx<'_>, done: T) {
         let freed = crate::object::dropping_aged(|| drop(done));
         ctx.frames().free_aged(&freed);
     }
@@ -391,8 +391,7 @@ impl Space {
     /// else each object frees its own after a grace period.
     pub(crate) fn drop_removed(&self, ctx: &Ctx<'_>, removed: Vec<Arc<Vma>>, unlinked: crate::sync::rcu::GpCookie) {
         if ctx.m.rcu.elapsed(unlinked) && self.vm.m.phys.deferred.is_none() {
-            let freed = crate::object::dropping_aged(|| drop(removed));
-            ctx.frames().free_aged(&freed);
+            self.drop_aged(ctx, removed);
         } else {
             drop(removed);
         }

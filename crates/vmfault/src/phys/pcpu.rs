@@ -231,9 +231,7 @@ impl<'a> Frames<'a> {
             return;
         }
         cpu.rcu.synchronize();
-        // One section for the split and the fill: a remote drain between
-        // them would swap in a magazine with less room.
-        pcp.local(cpu.rcu, cpu.reader, |m| self.stash(m, frames));
+        self.free_aged(frames);
     }
 
     /// Free published frames whose grace period has already ended (the
@@ -246,6 +244,8 @@ impl<'a> Frames<'a> {
             return;
         }
         match (&self.cpu, &phys.pcp) {
+            // One section for the split and the fill: a remote drain between
+            // them would swap in a magazine with less room.
             (Some(cpu), Some(pcp)) => pcp.local(cpu.rcu, cpu.reader, |m| self.stash(m, frames)),
             _ => phys.give_aged(frames),
         }
