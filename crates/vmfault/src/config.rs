@@ -192,13 +192,21 @@ impl PcpHigh {
 
 /// Who waits for the grace period before unmapped frames are reused.
 ///
-/// - `Sync`: the operation that unmapped them (munmap, madvise, MAP_FIXED
-///   replacement, a copy-on-write collapse) waits for a grace period before
-///   it returns (the seed's behaviour); so does an object's end.
-/// - `Deferred`: they go onto the vCPU's deferred list with the grace
-///   period's cookie; a grace-period thread ages every vCPU's batches with
-///   one grace period, and the vCPU takes them back into its page cache
-///   when it next needs frames. No operation waits (Linux's `call_rcu`).
+/// Either way the operation first polls for a grace period (`Rcu::poll`),
+/// which completes with no wait when no other vCPU is inside a read-side
+/// section (always, with one vCPU); the frames then go straight to its
+/// page cache.
+///
+/// - `Sync`: otherwise the operation that unmapped them (munmap, madvise,
+///   MAP_FIXED replacement, a copy-on-write collapse) waits for a grace
+///   period before it returns (the seed's behaviour, which waited always);
+///   so does an object's end.
+/// - `Deferred`: otherwise they go onto the vCPU's deferred list with the
+///   grace period's cookie; the grace period its poll started completes at
+///   a later poll (the vCPU's next cache miss or free), or a grace-period
+///   thread ages every vCPU's batches with one, and the vCPU takes them
+///   back into its page cache when it next needs frames. No operation
+///   waits (Linux's `call_rcu`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 pub enum FreePath {
     /// The freeing operation waits for the grace period.

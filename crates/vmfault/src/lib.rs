@@ -110,7 +110,8 @@
 //! no other lock) and the deferred-free lists' mutexes (`phys::deferred`:
 //! the frame batches', taken inside a section by a cache miss, and the
 //! queued snapshot drops', dropped outside it; never held across a grace
-//! period) are leaves.
+//! period) are leaves, as is the RCU's poll mutex (`Rcu::poll`), which is
+//! only ever try-locked.
 //!
 //! RCU read-side sections are not locks but obey one rule: nothing inside a
 //! section waits for a lock that anyone holds while calling `synchronize()`

@@ -168,7 +168,7 @@ stats! {
         map_lock_writes: "address-space map lock acquisitions for writing",
         pte_lock_contended: "PTE lock acquisitions that had to wait",
         pte_lock_try_failures: "PTE lock try-locks that failed",
-        tlb_shootdowns: "grace periods waited for before reusing unmapped frames",
+        tlb_shootdowns: "grace periods (polled, or waited for) after clearing or narrowing PTEs, before the call returns or its frames are reused",
         caller_grace_waits: "grace periods a vCPU waited for inside an operation (shootdowns, drains, reclaim of old snapshots)",
         mmap_calls: "mmap calls",
         munmap_calls: "munmap calls",

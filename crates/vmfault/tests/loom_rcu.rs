@@ -9,8 +9,10 @@
 //!
 //! Run: `RUSTFLAGS="--cfg loom" cargo test -p vmfault --release --test loom_rcu`.
 //! With `--cfg vmfault_mutation="rcu_no_grace"` (grace period skipped),
-//! `"rcu_no_reader_fence"` (the reader's SeqCst fence removed) or
-//! `"rcu_relaxed_entry"` (the section's entry store made Relaxed) the
+//! `"rcu_no_reader_fence"` (the reader's SeqCst fence removed),
+//! `"rcu_relaxed_entry"` (the section's entry store made Relaxed) or
+//! `"rcu_poll_unseen"` (a polled grace period that does not look whether
+//! the sections it saw have ended) the
 //! models that depend on that piece must fail; they then expect the panic.
 //! `.ci/run` runs every configuration.
 #![cfg(loom)]
@@ -40,9 +42,28 @@ impl World {
     }
 }
 
+/// The writer's wait: a blocking grace period.
+fn synchronize(rcu: &Rcu) {
+    rcu.synchronize();
+}
+
+/// The writer's wait: a polled grace period (`Rcu::poll`), called until it
+/// reports one complete; the writer does other work in between.
+fn poll(rcu: &Rcu) {
+    let cookie = rcu.cookie();
+    while !rcu.poll(cookie) {
+        thread::yield_now();
+    }
+}
+
 /// One reader thread running `reader`, against a writer that unmaps the
-/// frame, waits for a grace period and reuses it.
+/// frame, waits for a grace period with `synchronize` and reuses it.
 fn model(reader: fn(&World, &RcuReader)) {
+    model_with(reader, synchronize)
+}
+
+/// [`model`] with the writer's wait `grace`.
+fn model_with(reader: fn(&World, &RcuReader), grace: fn(&Rcu)) {
     loom::model(move || {
         let (rcu, mut readers) = Rcu::new(2);
         let world = Arc::new(World { rcu, pte: AtomicU64::new(1), frame: UnsafeCell::new(7) });
@@ -52,7 +73,7 @@ fn model(reader: fn(&World, &RcuReader)) {
             thread::spawn(move || reader(&world, &r1))
         };
         world.pte.store(0, Ordering::Release);
-        world.rcu.synchronize();
+        grace(&world.rcu);
         // SAFETY: (model) after the grace period nobody can hold the frame.
         world.frame.with_mut(|p| unsafe { *p = 99 });
         t.join().unwrap();
@@ -77,6 +98,46 @@ fn nested_sections_hold_the_grace_period_until_the_outer_one_ends() {
         w.use_frame_if_mapped();
         drop(outer);
     });
+}
+
+/// The polled grace period (`Rcu::poll`, which frees without waiting)
+/// must order the reuse after the reader's section just as `synchronize`
+/// does; it fails when a poll counts a section it saw as ended without its
+/// counter having moved (`rcu_poll_unseen`).
+#[test]
+#[cfg_attr(any(vmfault_mutation = "rcu_poll_unseen", vmfault_mutation = "rcu_no_reader_fence"), should_panic)]
+fn a_polled_grace_period_orders_the_reuse_after_the_section() {
+    model_with(
+        |w, r| {
+            let _section = w.rcu.read_lock(r);
+            w.use_frame_if_mapped();
+        },
+        poll,
+    );
+}
+
+/// A poll that saw the reader's first section and then meets its second
+/// one is still ordered after the first (the entry store is Release).
+#[test]
+#[cfg_attr(
+    any(
+        vmfault_mutation = "rcu_poll_unseen",
+        vmfault_mutation = "rcu_no_reader_fence",
+        vmfault_mutation = "rcu_relaxed_entry"
+    ),
+    should_panic
+)]
+fn a_poll_that_meets_the_next_section_is_still_ordered_after_this_one() {
+    model_with(
+        |w, r| {
+            {
+                let _first = w.rcu.read_lock(r);
+                w.use_frame_if_mapped();
+            }
+            let _second = w.rcu.read_lock(r);
+        },
+        poll,
+    );
 }
 
 /// The reader runs two sections back to back; the writer may observe the

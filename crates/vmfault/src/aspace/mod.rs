@@ -181,7 +181,7 @@ impl MapWrite<'_> {
     pub(crate) fn shootdown(&self, ctx: &Ctx<'_>, narrowed: u64) {
         if narrowed > 0 {
             ctx.count(Counter::tlb_shootdowns);
-            self.space.vm.m.rcu.synchronize();
+            self.space.vm.m.rcu.grace_period();
         }
     }
 
@@ -296,14 +296,19 @@ impl Space {
 
     /// Finish an operation that changed the address space, with no lock
     /// held. If it cleared or narrowed `ptes` PTEs or unlinked `frames`,
-    /// wait for a grace period (the TLB shootdown), so that no access
-    /// through an old PTE is still in flight when the call returns, and free
-    /// the frames; with `free_path=deferred`, queue the frames for the
-    /// grace-period thread instead and wait for nothing. Then free the snapshots whose grace period has passed;
-    /// with `objects_gone` (it removed VMAs that held objects, which the old
-    /// snapshots keep alive), or too many pending, wait for one first
-    /// (with `free_path=deferred`, queue them on this vCPU's deferred
-    /// list instead, dropped at its next change once aged: no wait).
+    /// a grace period (the TLB shootdown) must pass before the call
+    /// returns, so that no access through an old PTE is still in flight,
+    /// and before the frames are freed. One is polled first (`Rcu::poll`),
+    /// which completes with no wait when no other vCPU is inside a
+    /// section; otherwise the call waits for one, or, with
+    /// `free_path=deferred`, queues the frames on this vCPU's deferred
+    /// list and waits for nothing. Then it frees the snapshots whose grace
+    /// period has passed (polling for one that ages them all); with
+    /// `objects_gone` (it removed VMAs that held objects, which the old
+    /// snapshots keep alive), or too many pending, and a poll that does not
+    /// complete, it waits for one (with `free_path=deferred`, queues them on
+    /// this vCPU's deferred list instead, dropped at its next change once
+    /// aged: no wait).
     pub(crate) fn finish(&self, ctx: &Ctx<'_>, ptes: u64, frames: &[Pfn], objects_gone: bool) {
         let orphans = ctx.m.take_orphans();
         let frames = if orphans.is_empty() { frames } else { &[frames, &orphans[..]].concat() };
@@ -317,13 +322,13 @@ impl Space {
             // those the operation still waits, as Linux's TLB flush does.
             if shared > 0 {
                 ctx.count(Counter::tlb_shootdowns);
-                self.vm.m.rcu.synchronize();
+                self.vm.m.rcu.grace_period();
             }
             ctx.frames().free_after_grace(frames);
         } else if ptes > 0 || !frames.is_empty() {
             ctx.count(Counter::tlb_shootdowns);
             if frames.is_empty() {
-                self.vm.m.rcu.synchronize();
+                self.vm.m.rcu.grace_period();
             } else {
                 ctx.frames().free_after_grace(frames);
             }
@@ -337,7 +342,11 @@ impl Space {
         if retired.is_empty() || (retired.len() < RECLAIM_BATCH && !objects_gone) {
             return;
         }
-        if !objects_gone && retired.len() <= SNAPSHOT_BACKLOG {
+        // A polled grace period (no wait): with no other vCPU inside a
+        // section, everything retired so far ages at once, and the objects
+        // of removed mappings end with no wait either.
+        let all_aged = rcu.poll(retired[retired.len() - 1].cookie());
+        if all_aged || (!objects_gone && retired.len() <= SNAPSHOT_BACKLOG) {
             // Free what has aged past a grace period, without waiting (and
             // outside the lock: dropping a version frees its unshared nodes).
             // The list is in retirement order but for the rare re-appended
@@ -386,11 +395,13 @@ impl Space {
     /// its `finish`. `unlinked`: a cookie taken once every unlink of the
     /// change was done (the VMAs retired from the index and the snapshot
     /// that named them, their PTEs zapped). If a grace period has passed
-    /// since (the change's shootdown, or its wait for the snapshots), the
-    /// objects' frames go to this vCPU's cache at once, as in `drop_aged`;
-    /// else each object frees its own after a grace period.
+    /// since (the change's shootdown, or its wait for the snapshots; else
+    /// one polled here, if an object may end), the objects' frames go to
+    /// this vCPU's cache at once, as in `drop_aged`; else each object frees
+    /// its own after a grace period.
     pub(crate) fn drop_removed(&self, ctx: &Ctx<'_>, removed: Vec<Arc<Vma>>, unlinked: crate::sync::rcu::GpCookie) {
-        if ctx.m.rcu.elapsed(unlinked) && self.vm.m.phys.deferred.is_none() {
+        let ends = || removed.iter().any(|v| v.object.get().is_some());
+        if ctx.m.rcu.elapsed(unlinked) || (ends() && ctx.m.rcu.poll(unlinked)) {
             self.drop_aged(ctx, removed);
         } else {
             drop(removed);

@@ -107,7 +107,7 @@ pub(crate) fn unmap_everywhere_unlocked(
 pub(super) fn write_protect_everywhere(m: &Machine, o: &Arc<Object>, pages: &[(u64, Pfn)]) -> u64 {
     let narrowed = for_each_pte(m, o, pages, |_, _, old| old.restricted(Prot::READ | Prot::EXEC));
     if !pages.is_empty() {
-        m.rcu.synchronize();
+        m.rcu.grace_period();
     }
     narrowed
 }
@@ -156,7 +156,7 @@ impl AddressSpace {
             ctx.count_n(Counter::pages_unmapped, cleared);
             if cleared > 0 {
                 ctx.count(Counter::tlb_shootdowns);
-                ctx.m.rcu.synchronize();
+                ctx.m.rcu.grace_period();
             }
             Ok(cleared)
         })

@@ -375,13 +375,14 @@ impl PhysMem {
         OwnedFrame(pfn)
     }
 
-    /// Free published frames that have been unlinked from everywhere: wait
-    /// for a grace period of `rcu` (rule 3), then free them in one batch.
+    /// Free published frames that have been unlinked from everywhere: after
+    /// a grace period of `rcu` (rule 3; polled first, which needs no wait
+    /// when no reader is inside a section), free them in one batch.
     pub(crate) fn free_after_grace(&self, rcu: &Rcu, frames: &[Pfn]) {
         if frames.is_empty() {
             return;
         }
-        rcu.synchronize();
+        rcu.grace_period();
         self.give_aged(frames);
     }
 

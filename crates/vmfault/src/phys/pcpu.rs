@@ -209,10 +209,15 @@ impl<'a> Frames<'a> {
         });
     }
 
-    /// Free published frames that have been unlinked everywhere: wait for
-    /// a grace period (rule 3 of the frame protocol), then refill this
-    /// vCPU's magazine with the first ones and return the rest to the
-    /// global list in one batch.
+    /// Free published frames that have been unlinked everywhere: after a
+    /// grace period (rule 3 of the frame protocol), refill this vCPU's
+    /// magazine with the first ones and return the rest to the global list
+    /// in one batch. A polled grace period (`Rcu::poll`) that completes at
+    /// once (no other vCPU inside a section) frees them with no wait;
+    /// otherwise `free_path=sync` waits for one, and `free_path=deferred`
+    /// queues them on this vCPU's deferred list, where the grace period
+    /// this poll started ages them (a later poll, at this vCPU's next
+    /// cache miss or free, completes it).
     pub(crate) fn free_after_grace(&self, frames: &[Pfn]) {
         let phys = self.phys;
         let cpu = self.cpu.as_ref().expect("freeing published frames needs a vCPU's RCU reader");
@@ -222,15 +227,20 @@ impl<'a> Frames<'a> {
         if frames.is_empty() {
             return;
         }
+        let cookie = cpu.rcu.cookie();
+        let aged = cpu.rcu.poll(cookie);
         if let Some(d) = &phys.deferred {
             // free_path=deferred: no wait here. What this vCPU queued
             // before and has aged since comes back first.
             let moving = pcp.local(cpu.rcu, cpu.reader, |m| self.take_back(m, d));
             drop(moving);
-            d.push(cpu.reader.index(), cpu.rcu.cookie(), frames.to_vec());
-            return;
+            if !aged {
+                d.push(cpu.reader.index(), cookie, frames.to_vec());
+                return;
+            }
+        } else if !aged {
+            cpu.rcu.synchronize();
         }
-        cpu.rcu.synchronize();
         self.free_aged(frames);
     }
 

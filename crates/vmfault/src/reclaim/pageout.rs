@@ -147,7 +147,7 @@ pub(super) fn run(
     back.clear();
     let taken = isolated.len() as u64;
     if taken > 0 {
-        m.rcu.synchronize();
+        m.rcu.grace_period();
     }
     let bell = &m.phys.doorbell;
     let mut freed = Vec::new();

@@ -45,6 +45,19 @@
 //! (`poll_state_synchronize_rcu`), so every `synchronize()`, whoever calls
 //! it, moves reclamation on. [`RcuBox`] is a published pointer built on it.
 //!
+//! # Polled grace periods: no wait when nobody is reading
+//! [`Rcu::poll`] runs the same grace period as `synchronize`, a step at a
+//! time: its first call bumps the start counter, fences and notes the
+//! readers whose counter is odd; a later call completes it once every
+//! noted counter has moved, instead of spinning on them. With no reader
+//! inside a section it completes at once, so an operation of a lone vCPU
+//! (or one that meets the others between their faults) waits for nothing,
+//! and a deferred free completes at the owner's next poll what its own
+//! poll started (`phys::deferred`). [`Rcu::grace_period`] polls and waits
+//! only if that does not complete. The loom model checks that a poll is
+//! ordered after the sections it saw, and fails when it stops looking
+//! whether they have ended (`rcu_poll_unseen`).
+//!
 //! # Pins: per-object read locks without a shared write
 //! [`Rcu::pin`] enters a section that also publishes one page address in
 //! the reader's own slot, *before* the section's entry fence; the pin is
@@ -108,6 +121,21 @@ pub struct Rcu {
     /// `[a]` the highest grace period completed (Release, pairs with the
     /// Acquire in `elapsed`).
     gp_done: CachePadded<AtomicU64>,
+    /// The grace period [`Rcu::poll`] moves on, under its own mutex: a
+    /// leaf that is only ever try-locked (nobody waits for it).
+    polled: super::Mutex<Polled>,
+}
+
+/// A grace period that [`Rcu::poll`] runs a step at a time, never waiting.
+#[derive(Debug)]
+struct Polled {
+    /// Its number (`gp_started` after its increment); 0 when none runs.
+    seq: u64,
+    /// Per reader: the odd count seen when it started (a section it must
+    /// see end), or 0 once that section has ended (or none was running).
+    seen: Box<[u64]>,
+    /// Readers in `seen` still inside the section seen.
+    left: usize,
 }
 
 /// When an object was unlinked, in grace periods (see [`Rcu::retire`]).
@@ -227,6 +255,7 @@ impl Rcu {
             id: owner,
             gp_started: CachePadded(AtomicU64::new(0)),
             gp_done: CachePadded(AtomicU64::new(0)),
+            polled: super::Mutex::new(Polled { seq: 0, seen: vec![0; readers].into_boxed_slice(), left: 0 }),
         };
         (rcu, handles)
     }
@@ -306,6 +335,75 @@ impl Rcu {
         // started after this cookie started after the unlink too.
         fence(Ordering::SeqCst);
         GpCookie(self.gp_started.load(Ordering::Relaxed))
+    }
+
+    /// A grace period, as [`synchronize`](Rcu::synchronize), but polled
+    /// first ([`poll`](Rcu::poll)): with no reader inside a section it
+    /// completes with no wait (and counts none).
+    pub fn grace_period(&self) {
+        if !self.poll(self.cookie()) {
+            self.synchronize();
+        }
+    }
+
+    /// Whether a full grace period has elapsed since `cookie` was taken,
+    /// moving one on without ever waiting (Linux's
+    /// `start_poll_synchronize_rcu` and `poll_state_synchronize_rcu` in
+    /// one): the first call starts a grace period (the increment and
+    /// fence of [`synchronize`](Rcu::synchronize)) and notes each reader
+    /// inside a section; a later call completes it once every noted
+    /// section has ended (its counter moved, loaded Acquire: the
+    /// reader's next Release store ends or follows that section), where
+    /// `synchronize` would have spun. With no reader inside a section it
+    /// completes at once, so a lone vCPU never waits and a busy one
+    /// completes at its next call; another thread polling meanwhile makes
+    /// this call return `false` (it never blocks). May be called inside a
+    /// read-side section: the caller's own section is then one to see end,
+    /// at a later call. Counted as no wait (`caller_grace_waits`).
+    pub fn poll(&self, cookie: GpCookie) -> bool {
+        if self.elapsed(cookie) {
+            return true;
+        }
+        let Ok(mut p) = self.polled.try_lock() else {
+            return false;
+        };
+        // At most two rounds: one to complete a grace period that started
+        // before `cookie` (it cannot count), one to start and complete one.
+        for _ in 0..2 {
+            let p = &mut *p;
+            if p.seq == 0 {
+                p.seq = self.gp_started.fetch_add(1, Ordering::SeqCst) + 1;
+                // Pairs with the fence in `read_lock`, as in `synchronize`.
+                fence(Ordering::SeqCst);
+                p.left = 0;
+                for (seen, slot) in p.seen.iter_mut().zip(self.slots.iter()) {
+                    // Acquire pairs with the Release store that ends a section.
+                    let v = slot.count.load(Ordering::Acquire);
+                    *seen = if v & 1 == 1 { v } else { 0 };
+                    p.left += usize::from(v & 1 == 1);
+                }
+            } else {
+                for (seen, slot) in p.seen.iter_mut().zip(self.slots.iter()) {
+                    let moved =
+                        cfg!(vmfault_mutation = "rcu_poll_unseen") || slot.count.load(Ordering::Acquire) != *seen;
+                    if *seen != 0 && moved {
+                        *seen = 0;
+                        p.left -= 1;
+                    }
+                }
+            }
+            if p.left > 0 {
+                return false;
+            }
+            // Release: the ended sections happen-before a reclaimer that
+            // sees this (Acquire in `elapsed`), as in `synchronize`.
+            self.gp_done.fetch_max(p.seq, Ordering::Release);
+            p.seq = 0;
+            if self.elapsed(cookie) {
+                return true;
+            }
+        }
+        false
     }
 
     /// Whether a full grace period has elapsed since `cookie` was taken
@@ -608,6 +706,57 @@ mod tests {
     use super::*;
     use std::sync::Arc;
     use std::sync::atomic::AtomicBool;
+
+    #[test]
+    fn a_poll_with_no_reader_inside_completes_at_once_and_counts_no_wait() {
+        let (rcu, _readers) = Rcu::new(2);
+        take_thread_waits();
+        let c = rcu.cookie();
+        assert!(!rcu.elapsed(c));
+        assert!(rcu.poll(c));
+        assert!(rcu.elapsed(c));
+        assert_eq!(take_thread_waits(), 0);
+    }
+
+    #[test]
+    fn a_poll_completes_only_once_the_sections_it_saw_have_ended() {
+        let (rcu, readers) = Rcu::new(3);
+        let inside = rcu.read_lock(&readers[1]);
+        let c1 = rcu.cookie();
+        assert!(!rcu.poll(c1), "reader 1 is inside a section that started before the cookie");
+        assert!(!rcu.poll(c1), "and still is");
+        // A section that starts now is not one the poll waits for.
+        let later = rcu.read_lock(&readers[2]);
+        let c2 = rcu.cookie();
+        drop(inside);
+        // The first poll's grace period completes (c1), but it started
+        // before c2: a second one starts, sees reader 2 inside, and waits.
+        assert!(!rcu.poll(c2));
+        assert!(rcu.elapsed(c1) && !rcu.elapsed(c2));
+        drop(later);
+        assert!(rcu.poll(c2));
+        // A section that ended and a new one that began in between count
+        // as ended (the counter moved).
+        let a = rcu.read_lock(&readers[0]);
+        let c3 = rcu.cookie();
+        assert!(!rcu.poll(c3));
+        drop(a);
+        let _b = rcu.read_lock(&readers[0]);
+        assert!(rcu.poll(c3));
+    }
+
+    #[test]
+    fn a_blocking_grace_period_also_ages_what_a_poll_is_waiting_for() {
+        let (rcu, readers) = Rcu::new(2);
+        let inside = rcu.read_lock(&readers[1]);
+        let c = rcu.cookie();
+        assert!(!rcu.poll(c));
+        drop(inside);
+        rcu.synchronize();
+        assert!(rcu.elapsed(c));
+        // The poll's own grace period is still under way; it completes.
+        assert!(rcu.poll(c));
+    }
 
     #[test]
     fn nesting_and_quiescence() {
