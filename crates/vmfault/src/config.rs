@@ -268,7 +268,8 @@ pub struct VmConfig {
     /// `pcpu_fill=8, pcpu_drain=8`).
     pub pcpu_drain: usize,
     /// Who waits for the grace period of a free (see [`FreePath`]).
-    /// Default `Sync`.
+    /// Default `Deferred` (no operation waits; `Sync` waits when a poll
+    /// does not complete).
     pub free_path: FreePath,
     /// How many frames a cache may keep (see [`PcpHigh`]). Default `Auto`:
     /// global-lock acquisitions per page_fault1 cycle fell from 2,195 to
@@ -322,7 +323,7 @@ impl Default for VmConfig {
             pcpu_fill: 0,
             pcpu_drain: 0,
             pcpu_high: PcpHigh::Auto,
-            free_path: FreePath::Sync,
+            free_path: FreePath::Deferred,
             pcpu_drain_hz: 0,
             fault_path: FaultPath::Speculative,
             rmap: Rmap::Backing,
@@ -382,11 +383,12 @@ impl VmConfig {
 
     /// The `lifecycle` shorthand: the three knobs of a page's life
     /// (`frame_order`, `pcpu_high`, `free_path`) at once, so that one
-    /// `--compare lifecycle=seed,default,deferred` measures the seed's
+    /// `--compare lifecycle=seed,sync,default` measures the seed's
     /// behaviour (LIFO reuse, the fixed 16-frame cache, frees that wait
-    /// for their grace period) beside today's defaults and beside every
-    /// new mechanism on. It is not a knob of its own: `knobs()` lists the
-    /// three it sets.
+    /// for their grace period) beside today's frames with the seed's
+    /// waiting frees (`sync`) and beside today's defaults (`default`, which
+    /// `deferred` names too: every new mechanism on). It is not a knob of
+    /// its own: `knobs()` lists the three it sets.
     fn set_lifecycle(&mut self, value: &str) -> std::result::Result<(), &'static str> {
         let (order, high, free) = match value.trim() {
             "seed" => (FrameOrder::Lifo, PcpHigh::Fixed, FreePath::Sync),
@@ -394,8 +396,9 @@ impl VmConfig {
                 let d = VmConfig::default();
                 (d.frame_order, d.pcpu_high, d.free_path)
             }
+            "sync" => (FrameOrder::Ordered, PcpHigh::Auto, FreePath::Sync),
             "deferred" => (FrameOrder::Ordered, PcpHigh::Auto, FreePath::Deferred),
-            _ => return Err("expected seed, default or deferred"),
+            _ => return Err("expected seed, sync, default or deferred"),
         };
         (self.frame_order, self.pcpu_high, self.free_path) = (order, high, free);
         Ok(())
@@ -558,15 +561,22 @@ mod tests {
     fn lifecycle_sets_the_three_knobs_of_a_page_life() {
         let mut c = VmConfig::default();
         c.set("lifecycle", "seed").unwrap();
-        let seed = [("pcpu_high", "fixed".to_string()), ("frame_order", "lifo".to_string())];
+        let seed = [
+            ("pcpu_high", "fixed".to_string()),
+            ("free_path", "sync".to_string()),
+            ("frame_order", "lifo".to_string()),
+        ];
         assert_eq!(c.non_default_knobs(), seed.to_vec());
-        assert_eq!(c.free_path, FreePath::Sync);
+        c.set("lifecycle", "sync").unwrap();
+        assert_eq!((c.frame_order, c.pcpu_high, c.free_path), (FrameOrder::Ordered, PcpHigh::Auto, FreePath::Sync));
         c.set("lifecycle", "deferred").unwrap();
         assert_eq!((c.frame_order, c.pcpu_high, c.free_path), (FrameOrder::Ordered, PcpHigh::Auto, FreePath::Deferred));
+        assert!(c.non_default_knobs().is_empty());
+        c.set("lifecycle", "seed").unwrap();
         c.set("lifecycle", "default").unwrap();
         assert!(c.non_default_knobs().is_empty());
         let e = c.set("lifecycle", "fast").unwrap_err();
-        assert_eq!(e.to_string(), "VmConfig::set(lifecycle=\"fast\"): expected seed, default or deferred");
+        assert_eq!(e.to_string(), "VmConfig::set(lifecycle=\"fast\"): expected seed, sync, default or deferred");
     }
 
     #[test]

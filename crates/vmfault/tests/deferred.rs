@@ -7,7 +7,7 @@ mod common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::FAULT_PATHS;
 use vmfault::{FaultPath, FreePath, MapFlags, Prot, Vm, VmConfig};
@@ -26,20 +26,6 @@ fn deferred_vm(phys_bytes: u64, cpus: usize, path: FaultPath) -> Vm {
         ..VmConfig::default()
     })
     .unwrap()
-}
-
-/// Wait until the grace-period thread has emptied the deferred lists of
-/// what it can (frames still there belong to a vCPU until it takes them).
-/// (Frames on their way between lists, in transit, count in `deferred_pages`.)
-fn settle(vm: &Vm) -> vmfault::Stats {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let s = vm.stats();
-        if (s.deferred_pages == 0 && s.deferred_drops == 0) || Instant::now() > deadline {
-            return s;
-        }
-        vm.drain_pcpu_caches();
-    }
 }
 
 #[test]
@@ -64,7 +50,7 @@ fn munmap_waits_for_no_grace_period_and_the_frames_come_back() {
             0,
             "{path:?}: grace periods munmap waited for"
         );
-        let s = settle(&vm);
+        let s = common::settled(&vm);
         assert_eq!((s.deferred_pages, s.free_pages), (0, initial), "{path:?}");
     }
 }
@@ -81,10 +67,10 @@ fn a_lone_vcpus_sync_munmap_polls_its_grace_period_and_frees_at_once() {
             cpus: 2,
             prefault: false,
             fault_path: path,
+            free_path: FreePath::Sync,
             ..VmConfig::default()
         })
         .unwrap();
-        assert_eq!(vm.config().free_path, FreePath::Sync);
         let initial = vm.stats().free_pages;
         let space = vm.new_space().unwrap();
         let _cpu = vm.attach().unwrap();
@@ -212,7 +198,7 @@ fn deferred_frees_lose_and_double_nothing_under_drains() {
         }
         stop.store(true, Ordering::Relaxed);
         let rounds: u64 = workers.into_iter().map(|w| w.join().unwrap()).sum();
-        let s = settle(&vm);
+        let s = common::settled(&vm);
         assert!(rounds > 100, "{path:?}: {rounds} rounds");
         assert_eq!(s.free_pages, initial, "{path:?}: frames lost or doubled");
     }
@@ -238,7 +224,7 @@ fn allocations_wait_for_the_objects_removed_mappings_left_behind() {
             }
             space.munmap(a, TOUCHES * STRIDE).unwrap();
         }
-        let s = settle(&vm);
+        let s = common::settled(&vm);
         assert_eq!((s.deferred_pages, s.deferred_drops), (0, 0), "{path:?}");
     }
 }

@@ -42,6 +42,8 @@ fn settled(vm: &Vm, done: impl Fn(&Stats) -> bool) -> Stats {
             return s;
         }
         std::thread::sleep(Duration::from_millis(5));
+        // Deferred frees (of vCPUs that have left) complete in a drain.
+        vm.drain_pcpu_caches();
     }
 }
 

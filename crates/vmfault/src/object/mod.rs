@@ -356,7 +356,9 @@ thread_local! {
 /// nodes or their pages was unlinked before a grace period that has
 /// ended: the values are VMA-index snapshots that `Rcu::reclaim` gave
 /// back, and the PTEs of the mappings they name were zapped before the
-/// snapshots were retired. So the frames may be freed at once (the
+/// snapshots were retired; or the VMAs a change removed, once a grace
+/// period has ended since the cookie taken after all its unlinks
+/// (`Space::drop_removed`). So the frames may be freed at once (the
 /// caller frees them through its vCPU's cache: no global lock, and no
 /// second wait after the snapshots' own).
 pub(crate) fn dropping_aged(drop_them: impl FnOnce()) -> Vec<Pfn> {

@@ -222,13 +222,24 @@ impl PhysMem {
         self.deferred = Some(deferred::Deferred::new(slots));
     }
 
-    /// Free published frames unlinked everywhere, without a vCPU: onto the
-    /// deferred list without an owner (the grace-period thread frees them),
-    /// or, without deferred frees, after waiting for a grace period here.
+    /// Free published frames unlinked everywhere, without a vCPU: to the
+    /// global list at once if a polled grace period completes (no reader
+    /// inside a section); else onto the deferred list without an owner
+    /// (the grace-period thread frees them), or, without deferred frees,
+    /// after waiting for a grace period here.
     pub(crate) fn free_later(&self, rcu: &Rcu, frames: &[Pfn]) {
+        if frames.is_empty() {
+            return;
+        }
         match &self.deferred {
-            Some(d) if !frames.is_empty() => d.push(d.unowned(), rcu.cookie(), frames.to_vec()),
-            Some(_) => {}
+            Some(d) => {
+                let cookie = rcu.cookie();
+                if rcu.poll(cookie) {
+                    self.give_aged(frames);
+                } else {
+                    d.push(d.unowned(), cookie, frames.to_vec());
+                }
+            }
             None => self.free_after_grace(rcu, frames),
         }
     }

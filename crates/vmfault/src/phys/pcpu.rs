@@ -234,7 +234,8 @@ impl<'a> Frames<'a> {
             // before and has aged since comes back first.
             let moving = pcp.local(cpu.rcu, cpu.reader, |m| self.take_back(m, d));
             drop(moving);
-            if !aged {
+            // (`take_back` polled too, and may have completed it.)
+            if !aged && !cpu.rcu.elapsed(cookie) {
                 d.push(cpu.reader.index(), cookie, frames.to_vec());
                 return;
             }

@@ -10,6 +10,24 @@ pub use vmfault_check::{CUT_SHORT, PAGEOUTS, check_against_host, ops};
 
 pub use vmfault_check::FAULT_PATHS;
 
+/// The machine's statistics once every deferred free has completed: with
+/// `free_path=deferred` (the default) frames that an operation freed while
+/// another vCPU was inside a read-side section wait on a deferred list for
+/// their grace period, and snapshots that keep removed objects alive wait
+/// to be dropped; a drain runs a grace period and takes them all, so
+/// `free_pages` then counts every frame not in use. Gives up after 10 s
+/// (the caller's assertion then shows what is left).
+pub fn settled(vm: &Vm) -> vmfault::Stats {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let s = vm.stats();
+        if (s.deferred_pages == 0 && s.deferred_drops == 0) || std::time::Instant::now() > deadline {
+            return s;
+        }
+        vm.drain_pcpu_caches();
+    }
+}
+
 /// A small machine for tests, with the given fault path.
 pub fn test_vm(phys_bytes: u64, cpus: usize, path: FaultPath) -> Vm {
     Vm::new(VmConfig { phys_bytes, cpus, prefault: false, fault_path: path, ..VmConfig::default() }).unwrap()
