@@ -70,29 +70,31 @@
 //! │   │                                retires the VMA under [M] and waits for the pins)
 //! │   └── PTE lock [P]
 //! └── anon lock                       (creation of private anonymous objects)
-//!     └── object lock [O]             (a shadow-chain collapse: the absorbing level's, then
-//!         │                            the absorbed one's; under the map lock, top-down;
-//!         │                            a page-in, around its read of the swap slot)
-//!         └── PTE lock [P]            (one word per page-table page; speculative
-//!             │                        faults only try-lock it, holding nothing else)
-//!             ├── page lock           (refcount=pagelock only: one of 256 hashed words,
-//!             │   │                    held around a wiring or queue change)
-//!             │   └── page-queue lock [Q] (swap only: a vCPU applying its full batch of
-//!             │                        new pages, the daemon, a free path; nothing inside)
-//!             └── free-list lock [F]
+//!     └── file registry               (finding or creating a file's object; its end leaves it)
+//!         └── object lock [O]         (a shadow-chain collapse: the absorbing level's, then
+//!             │                        the absorbed one's; under the map lock, top-down;
+//!             │                        a page-in, around its read of the swap slot)
+//!             └── PTE lock [P]        (one word per page-table page; speculative
+//!                 │                    faults only try-lock it, holding nothing else)
+//!                 ├── page lock       (refcount=pagelock only: one of 256 hashed words,
+//!                 │   │                held around a wiring or queue change)
+//!                 │   └── page-queue lock [Q] (swap only: a vCPU applying its full batch of
+//!                 │                    new pages, the daemon, a free path; nothing inside)
+//!                 └── free-list lock [F]
 //! ```
 //!
 //! Debug builds check this order as locks are taken (`sync::rank`: each
 //! thread keeps the ranks it holds, and taking a lock of an earlier rank,
 //! of its own rank where that does not nest, or anything under a leaf,
 //! panics with both): the unattached threads' shared vCPU slot (outermost),
-//! the map lock, the anon lock, object locks, the two drain mutexes, PTE
-//! locks, page locks, the page-queue lock and the free-list lock, and as
-//! leaves the retired-snapshot and deferred-list mutexes, the space and
-//! anonymous-object registries, the orphan list, the swap slot map, an
-//! object's reverse-map mutex and the pv lists. Not checked yet: a file
-//! object's mutexes, the daemon's doorbell (both wait on condition
-//! variables, which want the bare guard) and the VMA lock word.
+//! the map lock, the anon lock, the file registry, object locks, the two
+//! drain mutexes, PTE locks, page locks, the page-queue lock and the
+//! free-list lock, and as leaves the retired-snapshot and deferred-list
+//! mutexes, the space and anonymous-object registries, the orphan list,
+//! the swap slot map, an object's reverse-map mutex, the pv lists, a file
+//! object's recent-files, writer and write-back mutexes and the daemon's
+//! doorbell (their condition-variable waits keep the rank: `Ranked::wait`).
+//! Not checked yet: the VMA lock word.
 //!
 //! The page daemon (`reclaim`) holds none of these across another: it
 //! takes no map lock, only tries object locks, and takes PTE locks one at

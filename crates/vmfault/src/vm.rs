@@ -219,7 +219,8 @@ impl Drop for Life {
         self.m.stop.store(true, std::sync::atomic::Ordering::Release);
         self.m.phys.doorbell.stop();
         let me = std::thread::current().id();
-        for t in std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner())) {
+        let threads = std::mem::take(&mut *crate::sync::rank::lock(&self.threads, crate::sync::rank::Rank::Leaf));
+        for t in threads {
             t.thread().unpark();
             // A thread of the machine never drops the last handle itself
             // (the daemon's references go to the reaper); never wait for
@@ -321,7 +322,7 @@ impl Vm {
         if m.config.page_daemon && (m.config.pcpu_pages > 0 || m.swap.is_some()) {
             threads.push(crate::reclaim::spawn_daemon(&m, daemon_reader)?);
         }
-        *life.threads.lock().unwrap_or_else(|p| p.into_inner()) = threads;
+        *crate::sync::rank::lock(&life.threads, crate::sync::rank::Rank::Leaf) = threads;
         Ok(Vm { _life: Arc::new(life), m })
     }
 

@@ -79,9 +79,7 @@ impl AddressSpace {
         let s = &self.s;
         // Not counted as a map-lock acquisition: statistics call this.
         s.vm.with_ctx(|ctx| {
-            let map = crate::sync::rank::Ranked::take(crate::sync::rank::Rank::Map, || {
-                s.map.read().unwrap_or_else(|p| p.into_inner())
-            });
+            let map = s.map_read_uncounted();
             let section = ctx.rcu_read();
             map.iter().filter_map(|v| v.object.get()).map(|o| o.depth(&section)).max().unwrap_or(0)
         })

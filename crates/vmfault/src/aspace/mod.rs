@@ -263,6 +263,12 @@ impl Space {
     /// Take the map lock for reading (counted).
     pub(crate) fn map_read(&self, ctx: &Ctx<'_>) -> Ranked<RwLockReadGuard<'_, VmaTree>> {
         ctx.count(Counter::map_lock_acquisitions);
+        self.map_read_uncounted()
+    }
+
+    /// Take the map lock for reading, not counted (statistics, and
+    /// callers without a vCPU).
+    pub(crate) fn map_read_uncounted(&self) -> Ranked<RwLockReadGuard<'_, VmaTree>> {
         Ranked::take(Rank::Map, || self.map.read().unwrap_or_else(|p| p.into_inner()))
     }
 

@@ -53,9 +53,7 @@ fn for_each_pte(m: &Machine, o: &Arc<Object>, pages: &[(u64, Pfn)], mut f: impl 
             // The space's map lock keeps its page tables from being pruned
             // and freed under the walk (no RCU section here: callers may
             // have no vCPU). Callers hold no map lock.
-            let _map = crate::sync::rank::Ranked::take(crate::sync::rank::Rank::Map, || {
-                space.map.read().unwrap_or_else(|p| p.into_inner())
-            });
+            let _map = space.map_read_uncounted();
             changed += space.pmap.update_range(phys, addr, addr + PAGE_SIZE, |a, old| {
                 if old.pfn() == pfn { f(id, a, old) } else { old }
             });

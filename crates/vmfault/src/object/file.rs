@@ -48,6 +48,7 @@ use super::{DIRTY, Insert, Object, PRESENT, SwapOut, WRITEBACK, maps, pfn_of};
 use crate::error::{Error, Op, Result};
 use crate::phys::Pfn;
 use crate::pmap::OutOfFrames;
+use crate::sync::rank::{self, Rank};
 use crate::types::{PAGE_SHIFT, PAGE_SIZE};
 use crate::vm::{Ctx, Machine};
 
@@ -94,7 +95,7 @@ const RECENT_FILES: usize = 8;
 impl Files {
     /// Keep `o` among the recent ones.
     fn touch(&self, o: &Arc<Object>) {
-        let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        let mut recent = rank::lock(&self.recent, Rank::Leaf);
         if recent.front().is_some_and(|f| Arc::ptr_eq(f, o)) {
             return;
         }
@@ -108,7 +109,7 @@ impl Files {
     /// Let go of the cached objects that nothing maps (their dirty pages
     /// are written back as they drop). Returns how many were let go.
     pub(crate) fn drop_cached(&self) -> usize {
-        let all = std::mem::take(&mut *self.recent.lock().unwrap_or_else(|p| p.into_inner()));
+        let all = std::mem::take(&mut *rank::lock(&self.recent, Rank::Leaf));
         let n = all.len();
         drop(all);
         n
@@ -125,7 +126,7 @@ impl Object {
     pub(crate) fn for_file(ctx: &Ctx<'_>, m: &Arc<Machine>, file: &File) -> Result<Arc<Object>> {
         let meta = file.metadata().map_err(|e| host("fstat", &e))?;
         let key = (meta.dev(), meta.ino());
-        let mut map = m.files.map.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = rank::lock(&m.files.map, Rank::Files);
         while let Some(w) = map.get(&key) {
             match w.upgrade() {
                 Some(o) => {
@@ -134,7 +135,7 @@ impl Object {
                     return Ok(o);
                 }
                 // Dying: its write-back must land before we read the file.
-                None => map = m.files.gone.wait(map).unwrap_or_else(|p| p.into_inner()),
+                None => map = map.wait(&m.files.gone),
             }
         }
         let own = file.try_clone().map_err(|e| host("dup", &e))?;
@@ -209,7 +210,7 @@ impl Object {
     pub(crate) fn ensure_writer(&self, file: &File) -> Result<()> {
         use std::os::fd::AsRawFd;
         let fd = self.file.as_ref().expect("a file object");
-        let mut w = fd.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let mut w = rank::lock(&fd.writer, Rank::Leaf);
         if w.is_none() {
             let path = format!("/proc/self/fd/{}", file.as_raw_fd());
             let f = std::fs::OpenOptions::new().read(true).write(true).open(path).map_err(|e| host("open", &e))?;
@@ -283,7 +284,7 @@ impl Object {
     /// takes a file page out, and it leaves this one alone.
     fn end_writeback(&self, pages: &[(u64, Pfn)]) {
         let Some(fd) = &self.file else { return };
-        let _g = fd.ended.lock().unwrap_or_else(|p| p.into_inner());
+        let _g = rank::lock(&fd.ended, Rank::Leaf);
         for &(i, _) in pages {
             if let Some(leaf) = self.index.leaf(&self.m.phys, i) {
                 leaf.entry.fetch_and(!WRITEBACK, std::sync::atomic::Ordering::AcqRel);
@@ -301,9 +302,9 @@ impl Object {
                     .is_some_and(|l| l.entry.load(std::sync::atomic::Ordering::Acquire) & WRITEBACK != 0)
             })
         };
-        let mut g = fd.ended.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = rank::lock(&fd.ended, Rank::Leaf);
         while under_way() {
-            g = fd.written.wait(g).unwrap_or_else(|p| p.into_inner());
+            g = g.wait(&fd.written);
         }
     }
 
@@ -416,7 +417,7 @@ impl Object {
                 let zeros = vec![0u8; PAGE_SIZE as usize - at];
                 self.m.phys.write_bytes(pages[n + k].1, at, &zeros);
             }
-            let written = match &*fd.writer.lock().unwrap_or_else(|p| p.into_inner()) {
+            let written = match &*rank::lock(&fd.writer, Rank::Leaf) {
                 Some(w) => w.write_all_at(&buf[..len], offset),
                 None => Err(std::io::Error::from_raw_os_error(libc::EBADF)),
             };
@@ -490,7 +491,7 @@ impl Object {
         }
         let key = self.file.as_ref().expect("a file object").key;
         let files = &self.m.files;
-        let mut map = files.map.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = rank::lock(&files.map, Rank::Files);
         if map.get(&key).is_some_and(|w| w.strong_count() == 0) {
             map.remove(&key);
         }

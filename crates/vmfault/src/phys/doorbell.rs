@@ -15,6 +15,7 @@
 //! ends with `passes` incremented and `done` notified, which waiting
 //! allocations watch.
 
+use crate::sync::rank::{self, Rank};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -62,7 +63,7 @@ impl Doorbell {
     /// Wake the daemon unless a wakeup is already pending.
     pub(crate) fn ring(&self) {
         if self.enabled.load(Ordering::Relaxed) && !self.pending.swap(true, Ordering::AcqRel) {
-            let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+            let _g = rank::lock(&self.lock, Rank::Leaf);
             self.cond.notify_one();
         }
     }
@@ -70,7 +71,7 @@ impl Doorbell {
     /// The machine ends: wake the daemon for the last time.
     pub(crate) fn stop(&self) {
         self.stopping.store(true, Ordering::Release);
-        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _g = rank::lock(&self.lock, Rank::Leaf);
         self.cond.notify_all();
     }
 
@@ -88,16 +89,16 @@ impl Doorbell {
 
     /// Wait for a ring, or `timeout`; whether one came.
     pub(crate) fn wait(&self, timeout: Duration) -> bool {
-        let g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let g = rank::lock(&self.lock, Rank::Leaf);
         if !self.pending.load(Ordering::Acquire) && !self.stopping.load(Ordering::Acquire) {
-            drop(self.cond.wait_timeout(g, timeout).unwrap_or_else(|p| p.into_inner()));
+            drop(g.wait_timeout(&self.cond, timeout));
         }
         self.pending.swap(false, Ordering::AcqRel)
     }
 
     /// A pass ended; `fruitless` if it freed nothing.
     pub(crate) fn pass_done(&self, fruitless: bool) {
-        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _g = rank::lock(&self.lock, Rank::Leaf);
         let n = self.passes.fetch_add(1, Ordering::AcqRel) + 1;
         if fruitless {
             self.fruitless.store(n, Ordering::Release);
@@ -107,9 +108,9 @@ impl Doorbell {
 
     /// Wait until more than `seen` passes have completed, or `timeout`.
     fn wait_pass(&self, seen: u64, timeout: Duration) {
-        let g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let g = rank::lock(&self.lock, Rank::Leaf);
         if self.passes.load(Ordering::Acquire) <= seen {
-            drop(self.done.wait_timeout(g, timeout).unwrap_or_else(|p| p.into_inner()));
+            drop(g.wait_timeout(&self.done, timeout));
         }
     }
 }

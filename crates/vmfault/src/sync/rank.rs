@@ -25,6 +25,9 @@ pub(crate) enum Rank {
     Map,
     /// A space's anon lock (creating private anonymous objects).
     Anon,
+    /// The file-object registry (`object::file`: finding or creating the
+    /// object of a file, and a file object's end leaving it).
+    Files,
     /// An object's lock `[O]`.
     Object,
     /// The drain mutex: one drain of every per-CPU cache at a time
@@ -189,6 +192,22 @@ impl<G: std::ops::DerefMut> std::ops::DerefMut for Ranked<G> {
     }
 }
 
+impl<'a, T> Ranked<std::sync::MutexGuard<'a, T>> {
+    /// Wait on `cv` (the mutex is released meanwhile and the thread takes
+    /// nothing else: its rank stays recorded), recovering from poisoning
+    /// as [`lock`] does.
+    pub(crate) fn wait(self, cv: &std::sync::Condvar) -> Self {
+        let Ranked { guard, _rank } = self;
+        Ranked { guard: cv.wait(guard).unwrap_or_else(|p| p.into_inner()), _rank }
+    }
+
+    /// [`Ranked::wait`] for at most `timeout`.
+    pub(crate) fn wait_timeout(self, cv: &std::sync::Condvar, timeout: std::time::Duration) -> Self {
+        let Ranked { guard, _rank } = self;
+        Ranked { guard: cv.wait_timeout(guard, timeout).unwrap_or_else(|p| p.into_inner()).0, _rank }
+    }
+}
+
 /// Lock `m` as a lock of `rank`, recovering from poisoning (a panic while
 /// it was held left data that every user of these locks re-validates).
 #[inline]
@@ -242,6 +261,16 @@ mod tests {
     fn nothing_under_a_leaf() {
         let _a = RankGuard::enter(Rank::Leaf);
         let _b = RankGuard::enter(Rank::Leaf);
+    }
+
+    #[test]
+    #[should_panic(expected = "taking a Map lock while holding [Files]")]
+    fn a_condvar_wait_keeps_the_rank_held() {
+        let (m, cv) = (std::sync::Mutex::new(7), std::sync::Condvar::new());
+        let g = lock(&m, Rank::Files);
+        let g = g.wait_timeout(&cv, std::time::Duration::from_millis(1));
+        assert_eq!(*g, 7);
+        let _map = RankGuard::enter(Rank::Map);
     }
 
     #[test]
