@@ -84,8 +84,8 @@ impl Rmap {
 /// How a page's references (wirings, the object's reference) are counted.
 ///
 /// - `Atomic`: one atomic word per page (FreeBSD's `ref_count` since
-///   r353535 and the seed): wiring and unwiring are one atomic operation.
-/// - `PageLock`: as before the seed's change, wiring and unwiring (and the
+///   r353535): wiring and unwiring are one atomic operation.
+/// - `PageLock`: as FreeBSD before r353535, wiring and unwiring (and the
 ///   page-queue updates they imply) also take the page's lock, one of 256
 ///   locks hashed by the 2 MiB region the frame lies in (FreeBSD's
 ///   `PA_LOCKPTR`): pages that are physically close share a lock.
@@ -127,7 +127,7 @@ impl Refcount {
 ///   allocations run through them in ascending address order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 pub enum FrameOrder {
-    /// The stack order of the frees (the seed's behaviour).
+    /// The stack order of the frees (last freed, first reused).
     Lifo,
     /// Bulk frees sorted by address.
     Ordered,
@@ -153,7 +153,7 @@ impl FrameOrder {
 
 /// How many frames a vCPU's page cache may keep (see `pcpu_pages`).
 ///
-/// - `Fixed`: `pcpu_pages` (the seed's 16): a munmap of 128 MiB sends all
+/// - `Fixed`: `pcpu_pages` (16 by default): a munmap of 128 MiB sends all
 ///   but 16 of its frames to the global list, and the next run of faults
 ///   takes them back 15 at a time (2,195 global-lock acquisitions and
 ///   65.8k frames through the list per page_fault1 cycle).
@@ -199,8 +199,7 @@ impl PcpHigh {
 ///
 /// - `Sync`: otherwise the operation that unmapped them (munmap, madvise,
 ///   MAP_FIXED replacement, a copy-on-write collapse) waits for a grace
-///   period before it returns (the seed's behaviour, which waited always);
-///   so does an object's end.
+///   period before it returns; so does an object's end.
 /// - `Deferred`: otherwise they go onto the vCPU's deferred list with the
 ///   grace period's cookie; the grace period its poll started completes at
 ///   a later poll (the vCPU's next cache miss or free), or a grace-period
@@ -261,10 +260,10 @@ pub struct VmConfig {
     /// (OpenBSD's per-CPU caches). 0 turns the caches off. Default 16.
     pub pcpu_pages: usize,
     /// Frames a cache miss takes from the global list in one lock
-    /// acquisition; 0 means `pcpu_pages - 1` (the seed's 15 of 16).
+    /// acquisition; 0 means `pcpu_pages - 1` (OpenBSD's 15 of 16).
     pub pcpu_fill: usize,
     /// Frames a full cache returns to the global list in one acquisition;
-    /// 0 means all of them (the seed's choice; the reviewer's 8/8 split is
+    /// 0 means all of them (OpenBSD's choice; a half-and-half split is
     /// `pcpu_fill=8, pcpu_drain=8`).
     pub pcpu_drain: usize,
     /// Who waits for the grace period of a free (see [`FreePath`]).
@@ -383,22 +382,23 @@ impl VmConfig {
 
     /// The `lifecycle` shorthand: the three knobs of a page's life
     /// (`frame_order`, `pcpu_high`, `free_path`) at once, so that one
-    /// `--compare lifecycle=seed,sync,default` measures the seed's
-    /// behaviour (LIFO reuse, the fixed 16-frame cache, frees that wait
-    /// for their grace period) beside today's frames with the seed's
-    /// waiting frees (`sync`) and beside today's defaults (`default`, which
-    /// `deferred` names too: every new mechanism on). It is not a knob of
-    /// its own: `knobs()` lists the three it sets.
+    /// `--compare lifecycle=baseline,sync,default` measures the plain
+    /// lifecycle (`baseline`: LIFO reuse, the fixed 16-frame cache, frees
+    /// that wait for their grace period; `seed` is another name for it)
+    /// beside ordered frames and adaptive caches with waiting frees
+    /// (`sync`) and beside the defaults (`default`, which `deferred` names
+    /// too: every mechanism on). It is not a knob of its own: `knobs()`
+    /// lists the three it sets.
     fn set_lifecycle(&mut self, value: &str) -> std::result::Result<(), &'static str> {
         let (order, high, free) = match value.trim() {
-            "seed" => (FrameOrder::Lifo, PcpHigh::Fixed, FreePath::Sync),
+            "baseline" | "seed" => (FrameOrder::Lifo, PcpHigh::Fixed, FreePath::Sync),
             "default" => {
                 let d = VmConfig::default();
                 (d.frame_order, d.pcpu_high, d.free_path)
             }
             "sync" => (FrameOrder::Ordered, PcpHigh::Auto, FreePath::Sync),
             "deferred" => (FrameOrder::Ordered, PcpHigh::Auto, FreePath::Deferred),
-            _ => return Err("expected seed, sync, default or deferred"),
+            _ => return Err("expected baseline, sync, default or deferred"),
         };
         (self.frame_order, self.pcpu_high, self.free_path) = (order, high, free);
         Ok(())
@@ -484,7 +484,7 @@ impl VmConfig {
         Ok(())
     }
 
-    /// The per-CPU cache sizes, with the seed's defaults filled in.
+    /// The per-CPU cache sizes, with the defaults (OpenBSD's) filled in.
     /// Bytes of the swap file (`swap_bytes`, 0: twice `phys_bytes`).
     pub(crate) fn swap_bytes(&self) -> u64 {
         if self.swap_bytes == 0 { self.phys_bytes.saturating_mul(2) } else { self.swap_bytes }
@@ -560,7 +560,7 @@ mod tests {
     #[test]
     fn lifecycle_sets_the_three_knobs_of_a_page_life() {
         let mut c = VmConfig::default();
-        c.set("lifecycle", "seed").unwrap();
+        c.set("lifecycle", "baseline").unwrap();
         let seed = [
             ("pcpu_high", "fixed".to_string()),
             ("free_path", "sync".to_string()),
@@ -576,7 +576,7 @@ mod tests {
         c.set("lifecycle", "default").unwrap();
         assert!(c.non_default_knobs().is_empty());
         let e = c.set("lifecycle", "fast").unwrap_err();
-        assert_eq!(e.to_string(), "VmConfig::set(lifecycle=\"fast\"): expected seed, sync, default or deferred");
+        assert_eq!(e.to_string(), "VmConfig::set(lifecycle=\"fast\"): expected baseline, sync, default or deferred");
     }
 
     #[test]

@@ -66,7 +66,7 @@ impl AddressSpace {
         self.s.vm.with_ctx(|ctx| {
             ctx.count(Counter::mlock_calls);
             let Some((start, end)) = lock_range(Op::Mlock, addr, len)? else { return Ok(()) };
-            self.s.set_locked(ctx, Op::Mlock, start, end, true)?;
+            self.s.set_mlocked(ctx, Op::Mlock, start, end, true)?;
             self.s.populate_locked_vmas(ctx, start, end)
         })
     }
@@ -82,7 +82,7 @@ impl AddressSpace {
         self.s.vm.with_ctx(|ctx| {
             ctx.count(Counter::munlock_calls);
             let Some((start, end)) = lock_range(Op::Munlock, addr, len)? else { return Ok(()) };
-            self.s.set_locked(ctx, Op::Munlock, start, end, false)
+            self.s.set_mlocked(ctx, Op::Munlock, start, end, false)
         })
     }
 }
@@ -105,7 +105,7 @@ impl Space {
     /// Set or clear `LOCKED` on the VMAs of `start..end`. Clearing drops
     /// the wirings of the PTEs of every VMA of the range that is unlocked
     /// afterwards, before the map lock is released.
-    fn set_locked(&self, ctx: &Ctx<'_>, op: Op, start: u64, end: u64, lock: bool) -> Result<()> {
+    fn set_mlocked(&self, ctx: &Ctx<'_>, op: Op, start: u64, end: u64, lock: bool) -> Result<()> {
         let mut changes = super::mprotect::Changes::default();
         let result = {
             let mut map = self.map_write(ctx);

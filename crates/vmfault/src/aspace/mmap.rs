@@ -187,12 +187,8 @@ impl Space {
         map.insert(Arc::new(Vma::new(start, end, prot, vflags, pgoff, object)));
         let retired = map.merge_range(start, end);
         drop(map);
-        let unlinked = ctx.m.rcu.cookie();
-        let objects_gone = carved.iter().any(|v| v.object.get().is_some());
-        self.finish(ctx, ptes, &frames, objects_gone);
-        self.write_back_removed(ctx, &carved);
+        self.end_removal(ctx, ptes, &frames, carved);
         drop(retired);
-        self.drop_removed(ctx, carved, unlinked);
 
         let populate = (flags.contains(MapFlags::POPULATE) && !prot.is_empty())
             .then(|| if prot.contains(Prot::WRITE) && !shared { Access::Write } else { Access::Read });

@@ -55,14 +55,22 @@ impl Space {
             }
             carved
         };
-        // Every unlink of this call is done (VMAs retired, PTEs zapped, the
-        // old snapshot retired when the map lock went).
+        self.end_removal(ctx, ptes, &frames, carved);
+        Ok(())
+    }
+
+    /// The end of a change that removed `carved` (carved out of the index,
+    /// their pages torn down into `ptes` cleared PTEs and `frames`), with
+    /// the map lock released: every unlink is done (VMAs retired, PTEs
+    /// zapped, the old snapshot retired when the lock went). `finish`,
+    /// then the write-back of removed shared file mappings, then the
+    /// removed VMAs dropped (`drop_removed`).
+    pub(super) fn end_removal(&self, ctx: &Ctx<'_>, ptes: u64, frames: &[Pfn], carved: Vec<Arc<Vma>>) {
         let unlinked = ctx.m.rcu.cookie();
         let objects_gone = carved.iter().any(|v| v.object.get().is_some());
-        self.finish(ctx, ptes, &frames, objects_gone);
+        self.finish(ctx, ptes, frames, objects_gone);
         self.write_back_removed(ctx, &carved);
         self.drop_removed(ctx, carved, unlinked);
-        Ok(())
     }
 
     /// Reserve what removing the private pages of `start..end` will need

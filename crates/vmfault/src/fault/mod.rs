@@ -71,7 +71,9 @@ pub(crate) enum Resolved {
     Retry,
 }
 
-/// The state of one fault (FreeBSD's `struct faultstate`).
+/// What faulted: the address, the access and the operation (the inputs
+/// of FreeBSD's `struct faultstate`; the state a fault builds lives in
+/// its path's locals).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Fault {
     /// The faulting address.
