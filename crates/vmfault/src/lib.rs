@@ -62,6 +62,25 @@
 //! (`phys/arena.rs`, `phys/mod.rs`, `sync/cpu.rs`, `sync/percpu.rs`,
 //! `sync/rcu.rs`), each block with its `// SAFETY:` argument.
 //!
+//! ## The protocols
+//!
+//! Each concurrency protocol is written up where it is implemented (the
+//! module essay: how and why), and has a loom model in `tests/loom_*.rs`
+//! that passes, and that fails when the fence or check it depends on is
+//! removed (a `vmfault_mutation` cfg; `.ci/run` runs every pair). The
+//! numbers are the ones other docs use.
+//!
+//! | # | protocol | essay | model |
+//! |---|---|---|---|
+//! | 1 | per-CPU page caches (OpenBSD): a vCPU owns a magazine of frames; a miss takes a batch from the global list with one lock acquisition, a full magazine gives one back; fill and drain sizes are knobs | `phys/pcpu.rs` | `loom_pcpu` |
+//! | 2 | remote drain (Linux): a drainer swaps in an empty spare, waits for a grace period, then owns and empties the old magazine; the owner's use is an RCU read-side section, so an idle vCPU is quiescent without doing anything | `sync/percpu.rs`, `sync/rcu.rs` | `loom_pcpu`, `loom_rcu` |
+//! | 3 | speculative faults (Linux SPF): the VMA looked up under RCU in a published snapshot of the index, validated by its state word, the PTE installed under a try-locked PTE lock after a re-check; any change aborts to the classic path, with the reason counted | `fault/speculative.rs`, `sync/vma_state.rs`, `sync/generation.rs` | `loom_spf` |
+//! | 4 | the per-VMA lock (Linux's successor to SPF): the same lookup, then a per-VMA read lock (a pin in the reader's RCU slot) held for the fault; a writer retires the VMA and waits for the pins | `fault/vma_lock.rs`, `sync/vma_state.rs` | `loom_spf` |
+//! | 5 | atomic page reference counts (FreeBSD): wirings, the object's reference and a BLOCKED bit in one word; a wiring of a mapped page fails while BLOCKED, and removal blocks new wirings; a hashed page-lock baseline for comparison | `sync/refcount.rs`, `phys/wiring.rs` | `loom_refcount` |
+//! | 6 | reverse mapping without pv entries (DragonFly): one backing record per mapping of an object range; a page's mappings are found through its object's records (pv entries, one per page per mapping, for comparison) | `object/rmap.rs`, `aspace/rmap.rs` | - |
+//! | 7 | grace periods: blocking (`synchronize`), polled a step at a time (`poll`), per-page pins; frames freed after one, by the caller or from a deferred list | `sync/rcu.rs`, `phys/mod.rs` (the frame protocol), `phys/deferred.rs` | `loom_rcu` |
+//! | 8 | copy-on-write chains and write-back: a shadow object's entries published before its backing's are moved; dirty pages write-protected before they are copied out | `object/shadow.rs`, `object/file.rs` | `loom_shadow`, `loom_writeback` |
+//!
 //! ## Lock order (outer to inner)
 //!
 //! ```text

@@ -1,5 +1,5 @@
-//! Loom model of the remote drain of a per-CPU cache (protocol 2 of
-//! shared/DESIGN.md): swap in the empty spare, wait for a grace period,
+//! Loom model of the remote drain of a per-CPU cache (protocol 2 in the
+//! crate's `lib.rs`): swap in the empty spare, wait for a grace period,
 //! drain the old magazine, while the owner keeps allocating and freeing.
 //!
 //! Loom checks every access to a magazine (through its `UnsafeCell`) for a

@@ -1,4 +1,4 @@
-//! The speculative fault path (Linux's SPF, protocol 3 of shared/DESIGN.md):
+//! The speculative fault path (Linux's SPF, protocol 3 in `lib.rs`):
 //! no lock at all until the PTE lock.
 //!
 //! Inside one RCU read-side section (which keeps the VMA, its object and

@@ -1,4 +1,4 @@
-//! The per-VMA lock fault path (protocol 4 of shared/DESIGN.md; Linux's
+//! The per-VMA lock fault path (protocol 4 in `lib.rs`; Linux's
 //! `lock_vma_under_rcu`, merged in 6.4).
 //!
 //! Inside one RCU read-side section that pins the faulting address

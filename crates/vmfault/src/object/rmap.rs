@@ -1,5 +1,5 @@
 //! The reverse map: from a page back to the PTEs that map it, two ways
-//! (`VmConfig::rmap`, protocol 6 of shared/DESIGN.md).
+//! (`VmConfig::rmap`, protocol 6 in `lib.rs`).
 //!
 //! # Backing records (`Rmap::Backing`, DragonFly's `vm_map_backing`)
 //! Each object keeps, under its own small lock, one record per mapping of

@@ -87,7 +87,8 @@ pub(crate) struct Page {
     pub(crate) children: AtomicU32,
 }
 
-/// The budget of shared/DESIGN.md: at most 64 bytes per frame (48 used).
+/// The budget: at most 64 bytes per frame (48 used), one cache line, so
+/// that metadata stays a sixty-fourth of memory.
 /// Not under loom, whose model atomics are larger than the real ones.
 #[cfg(not(loom))]
 const _: () = assert!(std::mem::size_of::<Page>() <= 64);

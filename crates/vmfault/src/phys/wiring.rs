@@ -1,5 +1,5 @@
 //! Wiring and unwiring pages, in either of the two ways `VmConfig::refcount`
-//! selects (protocol 5 of shared/DESIGN.md).
+//! selects (protocol 5 in `lib.rs`).
 //!
 //! - `Atomic`: the page's [`RefCount`](crate::sync::refcount::RefCount)
 //!   alone; a wiring is one atomic read-modify-write on the page's own

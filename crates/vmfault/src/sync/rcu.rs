@@ -4,8 +4,9 @@
 //! The protocols of this crate need "unlink, wait until nobody can still see
 //! it, then reuse": a TLB shootdown before freeing unmapped frames, the
 //! remote drain of a per-CPU page cache, freeing page-table pages under a
-//! lockless walker. That needs a *blocking* grace-period wait; crossbeam-epoch
-//! and seize only defer frees (see `shared/notes/crates.md`).
+//! lockless walker. That needs a *blocking* grace-period wait (and, for
+//! frees nobody should wait for, one that can be polled); crossbeam-epoch
+//! and seize only defer frees to whichever thread next advances the epoch.
 //!
 //! # How
 //! Each reader (one per vCPU slot) owns a counter. The counter is odd while

@@ -1,5 +1,5 @@
-//! A page's reference count (FreeBSD's `vm_page.ref_count`, protocol 5 of
-//! shared/DESIGN.md): one atomic word instead of a page lock.
+//! A page's reference count (FreeBSD's `vm_page.ref_count`, protocol 5 in
+//! `lib.rs`): one atomic word instead of a page lock.
 //!
 //! | bits | meaning |
 //! |---|---|
@@ -36,8 +36,8 @@
 //! a page can be wired between the check and the removal and then freed
 //! while wired: `tests/loom_refcount.rs` fails.
 //!
-//! There is no separate busy word (FreeBSD's `busy_lock`, which DESIGN.md
-//! protocol 5 names): each of its jobs is done by a state the page is in
+//! There is no separate busy word (FreeBSD's `busy_lock`, which the
+//! original design of protocol 5 named): each of its jobs is done by a state the page is in
 //! anyway. A page being read in (from swap or its file) is an unpublished
 //! frame until the read ends, so nobody can find it (exclusive busy). A
 //! page being paged out is `BLOCKED`, with the daemon's wiring, unmapped
