@@ -34,7 +34,12 @@
 //! (and the removal fails) or fails to wire it. Without the `BLOCKED` check
 //! in `wire_mapped` (`--cfg vmfault_mutation="refcount_no_blocked_check"`)
 //! a page can be wired between the check and the removal and then freed
-//! while wired: `tests/loom_refcount.rs` fails.
+//! while wired: `tests/loom_refcount.rs` fails. Its second model runs the
+//! page daemon's own protocol (`try_isolate`, unmap, copy out, leave the
+//! object, unwire) against a hold through a mapping and one through the
+//! object's index: without either `BLOCKED` check (the second mutation is
+//! `refcount_hold_ignores_blocked`) a store lands after the copy-out and
+//! is lost.
 //!
 //! There is no separate busy word (FreeBSD's `busy_lock`, which the
 //! original design of protocol 5 named): each of its jobs is done by a state the page is in
@@ -124,9 +129,11 @@ impl RefCount {
     /// while the page is being paged out or removed from every mapping, or
     /// once it has left its object (it may be about to be freed).
     pub fn try_hold(&self) -> bool {
+        // The mutation for the loom model: a hold that ignores `BLOCKED`.
+        let refuse = if cfg!(vmfault_mutation = "refcount_hold_ignores_blocked") { OBJREF } else { OBJREF | BLOCKED };
         let mut cur = self.0.load(Ordering::Relaxed);
         loop {
-            if cur & (OBJREF | BLOCKED) != OBJREF {
+            if cur & refuse != OBJREF {
                 return false;
             }
             assert!(cur & WIRINGS < WIRINGS - 1, "wiring count overflow ({cur:#x})");
