@@ -44,7 +44,7 @@
 //!
 //! | layer | module | what |
 //! |---|---|---|
-//! | sync | [`sync`] | our RCU with a blocking `synchronize`, vCPU slots, per-vCPU magazines with remote drain, the VMA state word (SPF sequence and per-VMA lock), the PTE word lock, the page reference count (FreeBSD), the loom shim |
+//! | sync | `sync` | our RCU with a blocking `synchronize`, vCPU slots, per-vCPU magazines with remote drain, the VMA state word (SPF sequence and per-VMA lock), the PTE word lock, the page reference count (FreeBSD), the loom shim |
 //! | phys | `phys` | frame arena, 64-byte page descriptors, the global free list, per-CPU page caches, deferred frees, page queues, the page daemon's doorbell, the frame protocol |
 //! | pmap | `pmap` | frame-backed radix trees: page tables (PTE locks, zap, protect, prune) and object indexes |
 //! | object | `object` | VM objects owning pages by index (private and shared anonymous), shadow chains for copy-on-write after `fork` |
@@ -185,7 +185,12 @@ mod phys;
 mod pmap;
 mod reclaim;
 pub mod stats;
+// The synchronization primitives are the crate's own; the loom models in
+// `tests/loom_*.rs` (built with `--cfg loom`) are the only users outside it.
+#[cfg(loom)]
 pub mod sync;
+#[cfg(not(loom))]
+pub(crate) mod sync;
 pub mod types;
 mod vm;
 

@@ -5,8 +5,8 @@
 //! buffer) needs the frame to stay allocated whatever the guest does to
 //! its mappings meanwhile. [`AddressSpace::hold`] finds the page through
 //! the PTE and, under the PTE lock, wires it with `wire_mapped`, which
-//! fails while a removal of every mapping of the page is in progress
-//! (`RefCount::try_remove_all`, the BLOCKED bit); then, or when the PTE
+//! fails while the page daemon is taking the page out of every mapping
+//! (`RefCount::try_isolate`, the BLOCKED bit); then, or when the PTE
 //! does not allow the access, it takes the fault and tries again. A held
 //! page that leaves its object (`munmap`, `MADV_DONTNEED`, the end of the
 //! space) stays allocated until the last [`PageHold`] goes, and is freed

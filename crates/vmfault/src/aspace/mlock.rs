@@ -17,7 +17,7 @@
 //! wired mark (`PG_W`) saying so. Whoever clears such a PTE, or replaces
 //! its page (copy-on-write), unwires the page (`aspace::pte_cleared`,
 //! `fault::anon::commit_locked`); `munlock` drops the marks and the
-//! wirings. A wired page is never reclaimed (`RefCount::try_block` fails).
+//! wirings. A wired page is never reclaimed (`RefCount::try_isolate` fails).
 //! The wiring goes through `PhysMem::wire_mapped`, so that
 //! `VmConfig::refcount` decides what it costs: one atomic operation, or
 //! that under a hashed page lock (the seed's before and after; the

@@ -66,8 +66,8 @@ pub(crate) enum Resolved {
     Copied,
     /// Another vCPU had already installed a PTE that allows the access.
     Raced,
-    /// Nothing was done: the page is being removed from every mapping
-    /// (`RefCount::try_remove_all`); try again.
+    /// Nothing was done: the page is being paged out (`BLOCKED`, set by
+    /// `RefCount::try_isolate`); try again.
     Retry,
 }
 

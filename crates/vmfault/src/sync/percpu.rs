@@ -80,7 +80,8 @@ impl<T> Magazine<T> {
         self.items.len()
     }
 
-    /// Whether it holds nothing.
+    /// Whether it holds nothing (for the loom model).
+    #[cfg(loom)]
     pub fn is_empty(&self) -> bool {
         self.items.is_empty()
     }

@@ -122,7 +122,8 @@ impl RankGuard {
         }
     }
 
-    /// No rank (a lock outside the hierarchy, or a model's).
+    /// No rank (a lock outside the hierarchy: a model's or a unit test's).
+    #[cfg(any(test, loom))]
     #[inline]
     pub(crate) const fn none() -> RankGuard {
         RankGuard {

@@ -515,7 +515,8 @@ impl Rcu {
     }
 
     /// Whether `reader` is outside any read-side section right now (a
-    /// snapshot, for statistics and tests).
+    /// snapshot, for tests).
+    #[cfg(any(test, loom))]
     pub fn is_quiescent(&self, reader: usize) -> bool {
         self.slots[reader].count.load(Ordering::Relaxed) & 1 == 0
     }

@@ -10,13 +10,11 @@
 //! | operation | from | to | fails when |
 //! |---|---|---|---|
 //! | [`RefCount::set_objref`] | 0 (unpublished) | `OBJREF` | never (the page is the caller's alone) |
-//! | [`RefCount::wire`] | any | wirings + 1 | never: the caller holds the page busy or its object's lock, so no removal runs |
 //! | [`RefCount::wire_mapped`] | not `BLOCKED` | wirings + 1 | `BLOCKED` (the caller found the page through a PTE, under its lock, and falls back to a fault) |
 //! | [`RefCount::try_hold`] | `OBJREF`, not `BLOCKED` | wirings + 1 | `BLOCKED`, or the page left its object (the caller found it through the object's index, inside an RCU section, and looks again) |
 //! | [`RefCount::unwire`] | wirings >= 1 | wirings - 1 | never; says whether that was the last reference (the caller frees the page) |
 //! | [`RefCount::release_objref`] | `OBJREF` | no `OBJREF` | never; says whether no wiring is left (the caller frees the page) |
-//! | [`RefCount::try_block`] | `OBJREF`, 0 wirings, not `BLOCKED` | + `BLOCKED` | a wiring exists (or another removal runs) |
-//! | [`RefCount::unblock`] | `BLOCKED` | - `BLOCKED` | never |
+//! | [`RefCount::unblock`] | `BLOCKED` | - `BLOCKED` | never (the daemon gives a page up) |
 //! | [`RefCount::try_isolate`] | exactly `OBJREF` | `OBJREF`, `BLOCKED`, 1 wiring | anything wires the page, or it left its object, or a removal runs |
 //!
 //! `try_isolate` is the page daemon's first step (`reclaim`): its own
@@ -27,19 +25,18 @@
 //! `BLOCKED` then stays set until the frame is freed after a grace period,
 //! so a fault still holding the frame number from before sees it.
 //!
-//! `try_remove_all` (a page daemon's or truncation's "unmap everywhere")
-//! sets `BLOCKED` only when nothing wires the page, removes every mapping
-//! under the PTE locks, then clears it: a vCPU that found the page through
-//! one of those PTEs, under the PTE lock, either wired it before the block
-//! (and the removal fails) or fails to wire it. Without the `BLOCKED` check
-//! in `wire_mapped` (`--cfg vmfault_mutation="refcount_no_blocked_check"`)
-//! a page can be wired between the check and the removal and then freed
-//! while wired: `tests/loom_refcount.rs` fails. Its second model runs the
-//! page daemon's own protocol (`try_isolate`, unmap, copy out, leave the
-//! object, unwire) against a hold through a mapping and one through the
-//! object's index: without either `BLOCKED` check (the second mutation is
-//! `refcount_hold_ignores_blocked`) a store lands after the copy-out and
-//! is lost.
+//! A vCPU that finds the page through a PTE, under the PTE lock, or
+//! through its object's index, inside an RCU section, either wired it
+//! before the isolation (whose CAS then fails: the daemon leaves the page)
+//! or fails to wire it. `tests/loom_refcount.rs` runs the daemon's steps
+//! (`try_isolate`, unmap, copy out, leave the object, unwire) against a
+//! hold through a mapping and one through the object's index: without the
+//! `BLOCKED` check of `wire_mapped` (`--cfg
+//! vmfault_mutation="refcount_no_blocked_check"`) or of `try_hold`
+//! (`refcount_hold_ignores_blocked`) a store lands after the copy-out and
+//! is lost. (FreeBSD's `vm_page_try_remove_all`, which blocks wirings
+//! without taking one, has no user here: the daemon's own wiring is what
+//! keeps a racing `munmap` from freeing the frame under it.)
 //!
 //! There is no separate busy word (FreeBSD's `busy_lock`, which the
 //! original design of protocol 5 named): each of its jobs is done by a state the page is in
@@ -100,12 +97,6 @@ impl RefCount {
         assert_eq!(old, 0, "a page joined an object with references ({old:#x})");
     }
 
-    /// Wire a page the caller holds busy or under its object's lock.
-    pub fn wire(&self) {
-        let old = self.0.fetch_add(1, Ordering::AcqRel);
-        assert!(old & WIRINGS < WIRINGS, "wiring count overflow ({old:#x})");
-    }
-
     /// Wire a page found through a PTE, under the PTE lock: fails while a
     /// removal of every mapping is in progress.
     pub fn wire_mapped(&self) -> bool {
@@ -162,13 +153,6 @@ impl RefCount {
         old & WIRINGS == 0
     }
 
-    /// Block new wirings through mappings if nothing wires the page (the
-    /// first step of `try_remove_all`; write-back needs no
-    /// `try_remove_write`, see `aspace/hold.rs`).
-    pub fn try_block(&self) -> bool {
-        self.0.compare_exchange(OBJREF, OBJREF | BLOCKED, Ordering::AcqRel, Ordering::Relaxed).is_ok()
-    }
-
     /// The page daemon takes the page: see the module docs.
     pub fn try_isolate(&self) -> bool {
         self.0.compare_exchange(OBJREF, OBJREF | BLOCKED | 1, Ordering::AcqRel, Ordering::Relaxed).is_ok()
@@ -185,18 +169,6 @@ impl RefCount {
         // Diagnostic only: clearing a clear bit changes nothing.
         debug_assert!(old & BLOCKED != 0, "unblocking a page that is not blocked");
     }
-
-    /// FreeBSD's `vm_page_try_remove_all`: if nothing wires the page, block
-    /// wirings, run `remove` (clear every PTE that maps it, under the PTE
-    /// locks), and unblock. Whether it ran.
-    pub fn try_remove_all(&self, remove: impl FnOnce()) -> bool {
-        if !self.try_block() {
-            return false;
-        }
-        remove();
-        self.unblock();
-        true
-    }
 }
 
 #[cfg(all(test, not(loom)))]
@@ -207,11 +179,10 @@ mod tests {
     fn transitions() {
         let r = RefCount::new();
         r.set_objref();
-        assert!(r.try_remove_all(|| {}));
-        r.wire();
         assert!(r.wire_mapped());
+        assert!(r.try_hold());
         assert_eq!(r.wirings(), 2);
-        assert!(!r.try_remove_all(|| panic!("a wired page is not unmapped")));
+        assert!(!r.try_isolate(), "a wired page is not taken");
         assert!(!r.unwire());
         assert!(!r.release_objref(), "still wired");
         assert!(r.unwire(), "the last reference");
@@ -219,15 +190,16 @@ mod tests {
     }
 
     #[test]
-    fn blocked_refuses_wire_mapped() {
+    fn an_isolated_page_refuses_wire_mapped_until_given_up() {
         let r = RefCount::new();
         r.set_objref();
-        assert!(r.try_block());
+        assert!(r.try_isolate());
         assert!(!r.wire_mapped());
-        assert!(!r.try_block(), "one removal at a time");
+        assert!(!r.try_isolate(), "one pageout at a time");
         r.unblock();
         assert!(r.wire_mapped());
         assert!(!r.unwire());
+        assert!(!r.unwire(), "the daemon's wiring given up; the object's reference stays");
         assert!(r.release_objref());
     }
 

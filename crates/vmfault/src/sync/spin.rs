@@ -18,39 +18,42 @@ pub struct WordGuard<'a> {
     _rank: RankGuard,
 }
 
-/// Try once to take the lock.
+/// Try once to take the lock (a lock outside the rank hierarchy: the
+/// loom models' and unit tests'; the crate takes its locks ranked).
+#[cfg(any(test, loom))]
 #[inline]
 pub fn try_lock(word: &AtomicU32) -> Option<WordGuard<'_>> {
-    try_lock_ranked(word, RankGuard::none())
+    // Acquire: as in `try_lock_as`.
+    word.compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
+        .ok()
+        .map(|_| WordGuard { word, _rank: RankGuard::none() })
 }
 
-/// Take the lock, waiting if needed; also says whether it had to wait.
+/// Take the lock, waiting if needed; also says whether it had to wait
+/// (unranked, as [`try_lock`]).
+#[cfg(any(test, loom))]
 #[inline]
 pub fn lock(word: &AtomicU32) -> (WordGuard<'_>, bool) {
     lock_ranked(word, RankGuard::none())
 }
 
-/// [`try_lock`] for a lock of the hierarchy's class `rank` (checked in
+/// Try once to take a lock of the hierarchy's class `rank` (checked in
 /// debug builds: `sync::rank`).
 #[inline]
 pub(crate) fn try_lock_as(word: &AtomicU32, rank: Rank) -> Option<WordGuard<'_>> {
-    // Acquire: as in `try_lock_ranked`. The rank is recorded only once the
-    // lock is ours (a try never waits, so it is not checked itself).
+    // Acquire pairs with the Release in `WordGuard::drop` of the previous
+    // holder. The rank is recorded only once the lock is ours (a try never
+    // waits, so it is not checked itself).
     word.compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
         .ok()
         .map(|_| WordGuard { word, _rank: RankGuard::entered_by_try(rank) })
 }
 
-/// [`lock`] for a lock of the hierarchy's class `rank`.
+/// Take a lock of the hierarchy's class `rank`, waiting if needed; also
+/// says whether it had to wait.
 #[inline]
 pub(crate) fn lock_as(word: &AtomicU32, rank: Rank) -> (WordGuard<'_>, bool) {
     lock_ranked(word, RankGuard::enter(rank))
-}
-
-#[inline]
-fn try_lock_ranked(word: &AtomicU32, rank: RankGuard) -> Option<WordGuard<'_>> {
-    // Acquire pairs with the Release in `WordGuard::drop` of the previous holder.
-    word.compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed).ok().map(|_| WordGuard { word, _rank: rank })
 }
 
 #[inline]
@@ -61,7 +64,7 @@ fn lock_ranked(word: &AtomicU32, rank: RankGuard) -> (WordGuard<'_>, bool) {
     let mut spins = 0;
     loop {
         super::backoff(&mut spins);
-        // Acquire: as in `try_lock_ranked`.
+        // Acquire: as in `try_lock_as`.
         if word.load(Ordering::Relaxed) == 0
             && word.compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed).is_ok()
         {
