@@ -155,7 +155,7 @@ impl Space {
                     return Err(Error::Unpopulated { op, addr, cause: "the mapping is PROT_NONE" });
                 }
                 let access = if v.prot.contains(Prot::WRITE) && !v.is_shared() { Access::Write } else { Access::Read };
-                (self.wire_present_locked(ctx, addr, stop, access), access, stop)
+                (self.wire_present_locked(&map, ctx, addr, stop, access), access, stop)
             };
             let Some(missing) = missing else {
                 addr = stop;
@@ -181,9 +181,16 @@ impl Space {
     /// to fault in, if any.
     ///
     /// # Preconditions
-    /// - The map lock is held (for reading); `start..end` lies in one
+    /// - The map lock is held (`_map`, its guard); `start..end` lies in one
     ///   locked VMA.
-    fn wire_present_locked(&self, ctx: &Ctx<'_>, start: u64, end: u64, access: Access) -> Option<u64> {
+    fn wire_present_locked(
+        &self,
+        _map: &impl super::MapHeld,
+        ctx: &Ctx<'_>,
+        start: u64,
+        end: u64,
+        access: Access,
+    ) -> Option<u64> {
         let phys = &ctx.m.phys;
         let pages = ((end - start) / PAGE_SIZE) as usize;
         let mut done = vec![false; pages];

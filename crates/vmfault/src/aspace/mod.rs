@@ -139,6 +139,16 @@ impl DerefMut for MapWrite<'_> {
     }
 }
 
+/// The map lock held, for reading or for writing: a function whose
+/// precondition is "the map lock is held" takes the guard (`&impl
+/// MapHeld`), so the precondition is a type; one that needs it held for
+/// writing takes `&MapWrite`.
+pub(crate) trait MapHeld: Deref<Target = VmaTree> {}
+
+impl MapHeld for MapWrite<'_> {}
+
+impl MapHeld for Ranked<RwLockReadGuard<'_, VmaTree>> {}
+
 impl MapWrite<'_> {
     /// [`VmaTree::carve_no_wait`], then wait for the read-lockers of the VMAs it
     /// removed or split.

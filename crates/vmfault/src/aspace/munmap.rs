@@ -9,8 +9,8 @@
 
 use std::sync::Arc;
 
-use super::vma::{Vma, VmaTree};
-use super::{AddressSpace, Space};
+use super::vma::Vma;
+use super::{AddressSpace, MapWrite, Space};
 use crate::error::{Error, Op, Result};
 use crate::phys::Pfn;
 use crate::stats::Counter;
@@ -76,11 +76,11 @@ impl Space {
     /// Reserve what removing the private pages of `start..end` will need
     /// (index nodes for the holes of shadow objects, see `object::shadow`),
     /// so that the removal itself cannot fail. Call with the map lock held
-    /// for writing, before changing anything.
+    /// for writing (`map`, its guard), before changing anything.
     pub(super) fn reserve_holes_locked(
         &self,
         ctx: &Ctx<'_>,
-        map: &VmaTree,
+        map: &MapWrite<'_>,
         op: Op,
         start: u64,
         end: u64,
@@ -101,8 +101,8 @@ impl Space {
     /// Tear down the pages of VMAs just carved out of the index.
     ///
     /// # Preconditions
-    /// - The map lock is held for writing; `map` is the index it guards and
-    ///   `carved` (non-empty, in address order) was just removed from it.
+    /// - The map lock is held for writing (`map`, its guard) and `carved`
+    ///   (non-empty, in address order) was just removed from its index.
     ///
     /// Pushes the frames to free after the grace period onto `frames` and
     /// returns the number of PTEs cleared. With `prune`, page-table pages in
@@ -111,7 +111,7 @@ impl Space {
     pub(super) fn unmap_locked(
         &self,
         ctx: &Ctx<'_>,
-        map: &VmaTree,
+        map: &MapWrite<'_>,
         carved: &[Arc<Vma>],
         frames: &mut Vec<Pfn>,
         prune: bool,

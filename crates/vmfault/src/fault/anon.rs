@@ -26,7 +26,7 @@ use std::sync::atomic::Ordering;
 
 use super::{Fault, Resolved};
 use crate::aspace::Space;
-use crate::aspace::vma::{Vma, VmaFlags, VmaTree};
+use crate::aspace::vma::{Vma, VmaFlags};
 use crate::config::Rmap;
 use crate::error::{Error, Result};
 use crate::object::{Found, Insert, Object, Pv, Slot};
@@ -388,7 +388,7 @@ pub(super) fn commit_locked(
         c.object.expect("file").mark_dirty(c.pindex);
     }
     if ctx.m.config.rmap == Rmap::PvEntry {
-        pv_replace_locked(ctx, c.space, fault.addr, cur, pfn);
+        pv_replace_locked(_ptl, ctx, c.space, fault.addr, cur, pfn);
     }
     // Release pairs with the Acquire of `Pmap::translate`: the page's
     // contents are visible to whoever sees this PTE.
@@ -401,8 +401,8 @@ pub(super) fn commit_locked(
 /// to mapping `pfn` (the zero page has no entries, as in Linux).
 ///
 /// # Preconditions
-/// The PTE lock of `addr` is held.
-fn pv_replace_locked(ctx: &Ctx<'_>, space: &Space, addr: u64, old: Pte, pfn: Pfn) {
+/// The PTE lock of `addr` is held (`_ptl`, its guard).
+fn pv_replace_locked(_ptl: &WordGuard<'_>, ctx: &Ctx<'_>, space: &Space, addr: u64, old: Pte, pfn: Pfn) {
     let phys = &ctx.m.phys;
     let pv = Pv { space: space.id(), addr: addr & !(PAGE_SIZE - 1) };
     let had = old.is_present().then(|| old.pfn()).filter(|&p| p != phys.zero_pfn());
@@ -417,12 +417,13 @@ fn pv_replace_locked(ctx: &Ctx<'_>, space: &Space, addr: u64, old: Pte, pfn: Pfn
     }
 }
 
-/// The object of `vma`, creating it (or adopting a neighbour's) if needed.
-/// Serialized by the space's anon lock.
+/// The object of `vma`, creating it (or adopting a neighbour's) if needed,
+/// with the map lock held (`map`, its guard). Serialized by the space's
+/// anon lock.
 pub(super) fn prepare<'v>(
     ctx: &Ctx<'_>,
     space: &Space,
-    map: &'v VmaTree,
+    map: &'v impl crate::aspace::MapHeld,
     vma: &'v Arc<Vma>,
 ) -> Result<&'v Arc<Object>, ()> {
     if let Some(o) = vma.object.get() {

@@ -149,11 +149,11 @@ fn count_bus(ctx: &Ctx<'_>, e: &Error) {
 /// write faults: see `Space::modify_range_locked`. Fails only out of memory.
 ///
 /// # Preconditions
-/// - The map lock is held and `map` is the index it guards; `vma` is in it.
+/// - The map lock is held (`map`, its guard); `vma` is in its index.
 pub(crate) fn prepare_object_locked(
     ctx: &Ctx<'_>,
     space: &Space,
-    map: &crate::aspace::vma::VmaTree,
+    map: &impl crate::aspace::MapHeld,
     vma: &std::sync::Arc<crate::aspace::vma::Vma>,
 ) -> Result<(), ()> {
     anon::prepare(ctx, space, map, vma).map(|_| ())
