@@ -44,7 +44,7 @@
 //!
 //! | layer | module | what |
 //! |---|---|---|
-//! | sync | `sync` | our RCU with a blocking `synchronize`, vCPU slots, per-vCPU magazines with remote drain, the VMA state word (SPF sequence and per-VMA lock), the PTE word lock, the page reference count (FreeBSD), the loom shim |
+//! | sync | `sync` | our RCU with blocking and polled grace periods, vCPU slots, per-vCPU magazines with remote drain, the VMA state word (SPF sequence and per-VMA lock), the PTE word lock, the page reference count (FreeBSD), the loom shim |
 //! | phys | `phys` | frame arena, 64-byte page descriptors, the global free list, per-CPU page caches, deferred frees, page queues, the page daemon's doorbell, the frame protocol |
 //! | pmap | `pmap` | frame-backed radix trees: page tables (PTE locks, zap, protect, prune) and object indexes |
 //! | object | `object` | VM objects owning pages by index (private and shared anonymous), shadow chains for copy-on-write after `fork` |
@@ -105,14 +105,15 @@
 //! Debug builds check this order as locks are taken (`sync::rank`: each
 //! thread keeps the ranks it holds, and taking a lock of an earlier rank,
 //! of its own rank where that does not nest, or anything under a leaf,
-//! panics with both): the unattached threads' shared vCPU slot (outermost),
-//! the map lock, the anon lock, the file registry, object locks, the two
-//! drain mutexes, PTE locks, page locks, the page-queue lock and the
-//! free-list lock, and as leaves the retired-snapshot and deferred-list
-//! mutexes, the space and anonymous-object registries, the orphan list,
-//! the swap slot map, an object's reverse-map mutex, the pv lists, a file
-//! object's recent-files, writer and write-back mutexes and the daemon's
-//! doorbell (their condition-variable waits keep the rank: `Ranked::wait`).
+//! panics with both): the unattached threads' shared vCPU slot
+//! (outermost), the map lock, the anon lock, the file registry, object
+//! locks, the per-CPU caches' drain lock, PTE locks, page locks, the
+//! page-queue lock and the free-list lock, and as leaves the
+//! retired-snapshot and deferred-list mutexes, the space and
+//! anonymous-object registries, the orphan list, the swap slot map, an
+//! object's reverse-map mutex, the pv lists, a file object's recent-files,
+//! writer and write-back mutexes and the daemon's doorbell (their
+//! condition-variable waits keep the rank: `Ranked::wait`).
 //! Not checked yet: the VMA lock word.
 //!
 //! The page daemon (`reclaim`) holds none of these across another: it
@@ -122,9 +123,10 @@
 //! space or a file object takes map locks. So a vCPU that finds no frame
 //! may wait for it (`Frames::alloc`, with swap) holding a map lock or an
 //! object lock, but never a PTE lock or inside a section. The same holds
-//! for the drain mutex (one drain of every per-CPU cache at a time,
-//! `PhysMem::drain_pcpu`), held around a grace period and the free-list
-//! lock `[F]`. The daemon's doorbell mutex, the swap slot mutex, the
+//! for the per-CPU caches' drain lock (one drain of every cache at a
+//! time, `PerCpuCache::drain_all`), held around a grace period and the
+//! free-list lock `[F]` (the drained frames' way onto the list). The
+//! daemon's doorbell mutex, the swap slot mutex, the
 //! shards of the anonymous object registry and a file object's
 //! write-back mutex (`ended`: the `WRITEBACK` bits are cleared under it,
 //! and `msync` waits on it for pages another writer has under way, holding

@@ -38,13 +38,13 @@ fn drain_races_owner_alloc_and_free_without_loss() {
         };
         {
             let global = global.clone();
-            cache.drain_all(&rcu, move |x| global.lock().unwrap().push(x));
+            cache.drain_all(&rcu, move |xs| global.lock().unwrap().extend(xs));
         }
         let (got, _r0) = owner.join().unwrap();
         // Whatever is still cached comes out with a final drain.
         {
             let global = global.clone();
-            cache.drain_all(&rcu, move |x| global.lock().unwrap().push(x));
+            cache.drain_all(&rcu, move |xs| global.lock().unwrap().extend(xs));
         }
         let mut all = global.lock().unwrap().clone();
         all.extend(got);
@@ -76,12 +76,12 @@ fn owner_moves_to_the_spare_after_a_drain() {
         let drained = Arc::new(Mutex::new(Vec::new()));
         {
             let d = drained.clone();
-            cache.drain_all(&rcu, move |x| d.lock().unwrap().push(x));
+            cache.drain_all(&rcu, move |xs| d.lock().unwrap().extend(xs));
         }
         let a = owner.join().unwrap();
         {
             let d = drained.clone();
-            cache.drain_all(&rcu, move |x| d.lock().unwrap().push(x));
+            cache.drain_all(&rcu, move |xs| d.lock().unwrap().extend(xs));
         }
         let mut all = drained.lock().unwrap().clone();
         all.extend(a);

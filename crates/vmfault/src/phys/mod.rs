@@ -85,9 +85,6 @@ pub(crate) struct PhysMem {
     free: FreeList,
     /// Per-vCPU page caches (`None` with `pcpu_pages = 0`); see `sync::percpu`.
     pcp: Option<PerCpuCache<u32>>,
-    /// The drain mutex: one drain of every cache at a time (see
-    /// [`PhysMem::drain_pcpu`] and the lock order in `lib.rs`).
-    drain: std::sync::Mutex<()>,
     /// `[I]` their sizes.
     pcp_config: PcpConfig,
     /// `[I]` the hashed page locks of `refcount=pagelock` (`None`: atomic
@@ -151,7 +148,6 @@ impl PhysMem {
             pages,
             free,
             pcp: cache,
-            drain: Default::default(),
             pcp_config: pcp,
             page_locks,
             doorbell: Default::default(),
@@ -171,17 +167,14 @@ impl PhysMem {
     /// one meanwhile would find the caches empty and the list too, so an
     /// allocation that drains after the daemon began to would fail with
     /// frames in flight (`tests/api.rs` saw ENOMEM, then two free frames).
-    /// The second waits instead, and finds the first one's frames.
+    /// The second waits instead (the caches' drain lock is held until the
+    /// frames are on the list: `PerCpuCache::drain_all`), and finds the
+    /// first one's frames.
     pub(crate) fn drain_pcpu(&self, rcu: &Rcu) -> usize {
         // Frames on the deferred lists are the vCPUs' too.
         let deferred = self.flush_deferred(rcu, true);
         let Some(pcp) = &self.pcp else { return deferred };
-        let _one = crate::sync::rank::lock(&self.drain, crate::sync::rank::Rank::Drain);
-        let mut drained = Vec::new();
-        let n = pcp.drain_all(rcu, |p| drained.push(p));
-        if n > 0 {
-            self.free.give(&self.pages, drained);
-        }
+        let n = pcp.drain_all(rcu, |drained| self.free.give(&self.pages, drained));
         n + deferred
     }
 

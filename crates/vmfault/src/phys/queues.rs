@@ -158,7 +158,8 @@ impl PageQueues {
     /// inside a read-side section). Returns the entries applied.
     pub(crate) fn drain_batches(&self, pages: &[Page], rcu: &Rcu) -> usize {
         let mut all = Vec::new();
-        let n = self.batches.drain_all(rcu, |f| all.push(f));
+        // Applied after the drain lock: the queue lock is not taken under it.
+        let n = self.batches.drain_all(rcu, |v| all = v);
         if n > 0 {
             let mut g = self.lock();
             for f in all {

@@ -244,8 +244,14 @@ impl<T> PerCpuCache<T> {
     /// swap in the empty spares, wait for a grace period, drain the old
     /// magazines. Returns the number of items drained.
     ///
+    /// `sink` gets them all, once, with the drain lock still held (if there
+    /// are any): one drain at a time, and a second one waits until the
+    /// first one's items are where `sink` puts them, rather than find the
+    /// magazines empty while those items are in nobody's hands (an
+    /// allocation that drains would fail with frames in flight).
+    ///
     /// Must not be called inside a read-side section of the calling thread.
-    pub fn drain_all(&self, rcu: &Rcu, mut sink: impl FnMut(T)) -> usize {
+    pub fn drain_all(&self, rcu: &Rcu, sink: impl FnOnce(Vec<T>)) -> usize {
         assert!(rcu.id() == self.rcu_id, "drain with another Rcu");
         // (The loom shim's mutex under models: the rank is entered apart.)
         let _rank = super::rank::RankGuard::enter(super::rank::Rank::PcpDrain);
@@ -269,7 +275,7 @@ impl<T> PerCpuCache<T> {
         if !cfg!(vmfault_mutation = "pcp_no_grace") {
             rcu.synchronize();
         }
-        let mut n = 0;
+        let mut items = Vec::new();
         for i in old {
             let m = &self.mags[i];
             m.cell.with_mut(|p| {
@@ -277,14 +283,15 @@ impl<T> PerCpuCache<T> {
                 // ended every section that could have loaded it; drainers are
                 // serialized by `drain_lock`.
                 let mag = unsafe { &mut *p };
-                n += mag.len();
-                mag.items.drain(..).for_each(&mut sink);
+                items.append(&mut mag.items);
                 // A drain means memory is wanted elsewhere: the high mark
                 // starts over.
                 mag.cap = self.base;
             });
             m.len.store(0, Ordering::Relaxed);
         }
+        let n = items.len();
+        sink(items);
         self.drains.store(self.drains.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
         self.drained.store(self.drained.load(Ordering::Relaxed) + n as u64, Ordering::Relaxed);
         n
@@ -323,7 +330,7 @@ mod tests {
         let oldest: Vec<u32> = c.local(&rcu, &readers[1], |m| m.take_oldest(2).collect());
         assert_eq!(oldest, [7, 8]);
         let mut got = Vec::new();
-        assert_eq!(c.drain_all(&rcu, |x| got.push(x)), 4);
+        assert_eq!(c.drain_all(&rcu, |xs| got.extend(xs)), 4);
         got.sort();
         assert_eq!(got, [1, 2, 9, 10]);
         assert_eq!(c.cached(), 0);
@@ -403,7 +410,7 @@ mod tests {
         };
         ready.recv().unwrap();
         let mut drained = Vec::new();
-        c.drain_all(&rcu, |x| drained.push(x));
+        c.drain_all(&rcu, |xs| drained.extend(xs));
         assert!(drained.contains(&100_000) && drained.contains(&100_001));
         assert_eq!(c.cached(), 0);
         tx.send(()).unwrap();

@@ -15,7 +15,7 @@
 /// in general a later rank; `Object` nests (a collapse takes the absorbing
 /// level's, then the absorbed one's, top-down); the tree's branches that
 /// hold nothing else (the page-queue and free-list locks, the drain
-/// mutexes but for the free list) allow only what `lib.rs` puts inside
+/// lock but for the free list) allow only what `lib.rs` puts inside
 /// them; `Leaf` locks nest under anything and nothing nests under them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Rank {
@@ -30,10 +30,9 @@ pub(crate) enum Rank {
     Files,
     /// An object's lock `[O]`.
     Object,
-    /// The drain mutex: one drain of every per-CPU cache at a time
-    /// (`PhysMem::drain_pcpu`).
-    Drain,
-    /// A per-CPU cache's own drain lock (`sync::percpu`), taken inside it.
+    /// A per-CPU cache's drain lock (`sync::percpu`): one drain of every
+    /// cache at a time, held until the drained items are placed (on the
+    /// global free list, for frames: `PhysMem::drain_pcpu`).
     PcpDrain,
     /// A PTE lock `[P]`.
     Pte,
@@ -54,7 +53,6 @@ impl Rank {
     fn allows(self, inner: Rank) -> bool {
         match self {
             Rank::Leaf | Rank::Queue | Rank::FreeList => false,
-            Rank::Drain => matches!(inner, Rank::PcpDrain | Rank::FreeList | Rank::Leaf),
             Rank::PcpDrain => matches!(inner, Rank::FreeList | Rank::Leaf),
             Rank::Object => inner >= Rank::Object,
             _ => inner > self,
@@ -251,9 +249,9 @@ mod tests {
     }
 
     #[test]
-    #[should_panic(expected = "taking a Pte lock while holding [Drain]")]
+    #[should_panic(expected = "taking a Pte lock while holding [PcpDrain]")]
     fn the_drain_holds_only_the_free_list() {
-        let _d = RankGuard::enter(Rank::Drain);
+        let _d = RankGuard::enter(Rank::PcpDrain);
         let _p = RankGuard::enter(Rank::Pte);
     }
 

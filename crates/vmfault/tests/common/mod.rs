@@ -15,16 +15,21 @@ pub use vmfault_check::FAULT_PATHS;
 /// another vCPU was inside a read-side section wait on a deferred list for
 /// their grace period, and snapshots that keep removed objects alive wait
 /// to be dropped; a drain runs a grace period and takes them all, so
-/// `free_pages` then counts every frame not in use. Gives up after 10 s
-/// (the caller's assertion then shows what is left).
+/// `free_pages` then counts every frame not in use. Call it once no vCPU
+/// runs. It always drains at least once: a drain under way on another
+/// thread (the `pcpu_drain_hz` thread's, the page daemon's) holds the
+/// frames it took out of the caches in its hands until they are on the
+/// global list, and ours waits for it; after ours the caches stay empty,
+/// so later drains move nothing. Gives up after 10 s (the caller's
+/// assertion then shows what is left).
 pub fn settled(vm: &Vm) -> vmfault::Stats {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
+        vm.drain_pcpu_caches();
         let s = vm.stats();
         if (s.deferred_pages == 0 && s.deferred_drops == 0) || std::time::Instant::now() > deadline {
             return s;
         }
-        vm.drain_pcpu_caches();
     }
 }
 
