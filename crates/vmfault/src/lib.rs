@@ -158,6 +158,8 @@
 //! | `[a]` | atomic; the field's doc names the operations it pairs with |
 //! | `[o]` | owner vCPU only: written by the thread holding the slot |
 //! | `[I]` | immutable after construction |
+//! | `[L]` | a lock (or a condition variable waited on under one), or a value inside its own lock: its class is in the lock order above; a field of a struct held inside a lock names that lock |
+//! | `[S]` | a structure that synchronizes itself: its own fields carry their tags |
 //!
 //! Functions that need a lock held end in `_locked` and list their
 //! preconditions.

@@ -183,10 +183,10 @@ stats! {
 /// The counters of one vCPU slot (`[o]`: written by the slot's owner only).
 #[derive(Debug)]
 pub(crate) struct CounterSet {
-    /// Inline, not on the heap: the set lives in its vCPU's padded slot, so
+    /// `[o]` inline, not on the heap: the set lives in its vCPU's padded slot, so
     /// no other vCPU's counters share its cache lines.
     values: [AtomicU64; Counter::COUNT],
-    /// The frame the vCPU allocated last (for `frames_adjacent`).
+    /// `[o]` the frame the vCPU allocated last (for `frames_adjacent`).
     last_frame: AtomicU64,
 }
 

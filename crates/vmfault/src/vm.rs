@@ -36,28 +36,28 @@ pub(crate) struct PerCpuOwned {
 pub(crate) struct Machine {
     /// `[I]` the configuration it was built with.
     pub(crate) config: VmConfig,
-    /// Physical memory (fields carry their own tags).
+    /// `[S]` physical memory (fields carry their own tags).
     pub(crate) phys: PhysMem,
     /// `[I]` the RCU; reader `i` belongs to vCPU slot `i`.
     pub(crate) rcu: Rcu,
-    /// The vCPU slots.
+    /// `[S]` the vCPU slots.
     pub(crate) cpus: CpuSet<PerCpu, PerCpuOwned>,
-    /// The file objects, by device and inode (its own lock inside).
+    /// `[S]` the file objects, by device and inode (its own lock inside).
     pub(crate) files: crate::object::Files,
     /// Reverse-map totals of the backing records (`[a]`).
     pub(crate) rmap: crate::object::RmapTotals,
-    /// The pv lists (`rmap=pv`; empty otherwise), one lock per frame.
+    /// `[S]` the pv lists (`rmap=pv`; empty otherwise), one lock per frame.
     pub(crate) pv: crate::object::PvTable,
-    /// The live address spaces by id, for pv entries and statistics
+    /// `[L]` the live address spaces by id, for pv entries and statistics
     /// (a lock taken when a space is made or dropped, and by readers of both).
     pub(crate) spaces: std::sync::Mutex<std::collections::HashMap<u64, std::sync::Weak<crate::aspace::Space>>>,
-    /// Pages whose last reference was a wiring dropped under a PTE lock
+    /// `[L]` pages whose last reference was a wiring dropped under a PTE lock
     /// (they had left their object while wired): unmapped, waiting for an
     /// operation's grace period to be freed (a lock of its own, innermost).
     pub(crate) orphans: std::sync::Mutex<Vec<crate::phys::Pfn>>,
-    /// The swap file (`VmConfig::swap`; its own lock inside).
+    /// `[S]` the swap file (`VmConfig::swap`; its own lock inside).
     pub(crate) swap: Option<crate::reclaim::Swap>,
-    /// The anonymous objects, registered only with swap (locks inside).
+    /// `[S]` the anonymous objects, registered only with swap (locks inside).
     pub(crate) reclaimable: crate::object::Reclaimable,
     /// `[a]` set when the user's last handle goes (`Life`): the machine's
     /// threads end.
@@ -166,8 +166,9 @@ impl Ctx<'_> {
 /// ```
 #[derive(Debug, Clone)]
 pub struct Vm {
+    /// `[I]` the machine.
     pub(crate) m: Arc<Machine>,
-    /// Dropped with the last handle (address spaces hold one): lets go of
+    /// `[I]` dropped with the last handle (address spaces hold one): lets go of
     /// the cached file objects, which hold the machine themselves.
     _life: Arc<Life>,
 }
@@ -178,7 +179,7 @@ pub struct Vm {
 /// [`AddressSpace`] carries a `Vm`).
 #[derive(Debug, Clone)]
 pub(crate) struct Handle {
-    /// The machine.
+    /// `[I]` the machine.
     pub(crate) m: Arc<Machine>,
 }
 
@@ -210,7 +211,9 @@ fn with_ctx<R>(m: &Machine, f: impl FnOnce(&Ctx<'_>) -> R) -> R {
 /// path is freed at once (a new `Vm` may take it: `Swap::unlink`).
 #[derive(Debug)]
 struct Life {
+    /// `[I]` the machine.
     m: Arc<Machine>,
+    /// `[L]` the machine's threads, joined at its end.
     threads: std::sync::Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
 

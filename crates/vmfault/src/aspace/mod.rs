@@ -98,13 +98,13 @@ pub(crate) struct Space {
     map: RwLock<VmaTree>,
     /// The page table (entries `[P]`, see `pmap`).
     pub(crate) pmap: Pmap,
-    /// Serializes the creation of private anonymous objects (Linux takes
+    /// `[L]` serializes the creation of private anonymous objects (Linux takes
     /// `page_table_lock` in `anon_vma_prepare`). Inner to the map lock.
     anon_lock: Mutex<()>,
     /// `[a]` the VMA index as lockless faults see it (RCU: read inside a
     /// section; replaced under the map write lock after every change).
     snapshot: RcuArc<SnapshotNode>,
-    /// Replaced snapshots waiting for a grace period (inner to the map lock).
+    /// `[L]` replaced snapshots waiting for a grace period (inner to the map lock).
     retired: Mutex<Vec<Retired<Snapshot>>>,
     /// `[I]` whether faults look VMAs up without the map lock (so snapshots
     /// must be published).

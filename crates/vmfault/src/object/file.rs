@@ -59,29 +59,29 @@ pub(crate) struct FileData {
     file: File,
     /// `[I]` (device, inode): the registry key.
     key: (u64, u64),
-    /// The handle write-back writes through, opened by the first shared
+    /// `[L]` the handle write-back writes through, opened by the first shared
     /// mapping of a handle open for writing: a fresh read-write open of
     /// the file (never `O_APPEND`, whose `pwrite` ignores the offset), not
     /// the handle of whoever mapped the file first, which may be read-only.
     writer: Mutex<Option<File>>,
-    /// Write-backs that end clear their pages' `WRITEBACK` bits under this
+    /// `[L]` write-backs that end clear their pages' `WRITEBACK` bits under this
     /// lock and notify `written`; a data-integrity write-back (`msync`)
     /// waits there for pages another writer has under way (Linux's
     /// `folio_wait_writeback`). A leaf: nothing is taken inside it.
     ended: Mutex<()>,
-    /// See `ended`.
+    /// `[L]` see `ended`.
     written: Condvar,
 }
 
 /// The registry of file objects of a machine.
 #[derive(Debug, Default)]
 pub(crate) struct Files {
-    /// Objects by (device, inode). An entry whose object is dead belongs to
+    /// `[L]` objects by (device, inode). An entry whose object is dead belongs to
     /// an object still writing back in its `Drop`: wait for `gone`.
     map: Mutex<HashMap<(u64, u64), Weak<Object>>>,
-    /// Signalled when a dying object has written back and left the map.
+    /// `[L]` signalled when a dying object has written back and left the map.
     gone: Condvar,
-    /// The most recently mapped file objects, kept alive after their last
+    /// `[L]` the most recently mapped file objects, kept alive after their last
     /// mapping goes (most recent first), so that a file mapped again (a
     /// binary at every exec) finds its pages cached, as Linux's page cache
     /// outlives mappings. Dropped by `Vm::drop_caches` and when a fill finds

@@ -90,7 +90,7 @@ pub(crate) struct Object {
     pub(crate) inherited: bool,
     /// `[I]` the file, for a file object (`file.rs`).
     pub(crate) file: Option<FileData>,
-    /// The reverse map (its own lock inside, see `rmap.rs`).
+    /// `[S]` the reverse map (its own lock inside, see `rmap.rs`).
     pub(crate) rmap: ObjRmap,
 }
 

@@ -52,7 +52,7 @@ type Record = (BackingKey, (Weak<Space>, u32));
 /// The reverse map of one object.
 #[derive(Debug, Default)]
 pub(crate) struct ObjRmap {
-    /// The rmap lock: inner to the object lock, outer to PTE locks.
+    /// `[L]` the rmap lock: inner to the object lock, outer to PTE locks.
     inner: Mutex<Inner>,
 }
 

@@ -56,7 +56,7 @@ pub(crate) enum SwapOut {
 pub(crate) struct Reclaimable {
     /// `[I]` whether objects register (swap is configured).
     enabled: bool,
-    /// By object id, sharded by its low bits (each shard its own lock,
+    /// `[L]` by object id, sharded by its low bits (each shard its own lock,
     /// innermost).
     shards: [Mutex<HashMap<u64, Weak<Object>>>; 16],
 }

@@ -70,11 +70,11 @@ struct Batch {
 
 #[derive(Default)]
 struct List {
-    /// The batches, oldest first (a leaf lock: nothing is taken inside).
+    /// `[L]` the batches, oldest first (a leaf lock: nothing is taken inside).
     batches: Mutex<Vec<Batch>>,
     /// `[a]` frames in them (written under the mutex, read lockless).
     frames: AtomicU64,
-    /// Values to drop after their grace period (a leaf lock).
+    /// `[L]` values to drop after their grace period (a leaf lock).
     drops: Mutex<Vec<LateDrop>>,
     /// `[a]` values queued in `drops` (written under its mutex).
     late: AtomicU64,
@@ -82,6 +82,8 @@ struct List {
 
 /// One batch list per vCPU slot, and one for frees without a vCPU.
 pub(crate) struct Deferred {
+    /// `[S]` the lists, each on its own cache lines (`List`'s fields carry
+    /// their tags).
     lists: Box<[CachePadded<List>]>,
     /// `[a]` frames taken off a list and not yet put on the global list or
     /// a page cache: an allocation that finds nothing anywhere waits for

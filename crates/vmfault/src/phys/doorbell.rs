@@ -32,10 +32,12 @@ pub(crate) struct Doorbell {
     enabled: AtomicBool,
     /// `[I]` whether it has swap (allocations then wait for it).
     swap: AtomicBool,
-    /// The daemon sleeps on `cond`, waiting allocations on `done`; the
-    /// mutex guards nothing but the waits.
+    /// `[L]` the daemon sleeps on `cond`, waiting allocations on `done`;
+    /// the mutex guards nothing but the waits.
     lock: Mutex<()>,
+    /// `[L]` (`lock`) where the daemon waits for a ring.
     cond: Condvar,
+    /// `[L]` (`lock`) where allocations wait for a pass to end.
     done: Condvar,
     /// `[a]` passes completed.
     passes: AtomicU64,

@@ -83,24 +83,24 @@ pub(crate) struct PhysMem {
     pages: Box<[Page]>,
     /// `[F]` the global free list.
     free: FreeList,
-    /// Per-vCPU page caches (`None` with `pcpu_pages = 0`); see `sync::percpu`.
+    /// `[S]` per-vCPU page caches (`None` with `pcpu_pages = 0`); see `sync::percpu`.
     pcp: Option<PerCpuCache<u32>>,
     /// `[I]` their sizes.
     pcp_config: PcpConfig,
     /// `[I]` the hashed page locks of `refcount=pagelock` (`None`: atomic
     /// reference counts alone); see `wiring`.
     page_locks: Option<wiring::PageLocks>,
-    /// The page daemon's doorbell, rung by allocations that find the
+    /// `[S]` the page daemon's doorbell, rung by allocations that find the
     /// global list below `free_target` (`reclaim`).
     pub(crate) doorbell: std::sync::Arc<Doorbell>,
     /// `[I]` free frames on the global list below which the daemon runs.
     free_target: u64,
-    /// The page queues (`None` without swap: nothing to reclaim); see
+    /// `[S]` the page queues (`None` without swap: nothing to reclaim); see
     /// `queues`.
     pub(crate) queues: Option<PageQueues>,
     /// `[I]` bulk frees sort their frames (`VmConfig::frame_order`).
     ordered: bool,
-    /// Frees nobody waits for (`VmConfig::free_path = deferred`; locks
+    /// `[S]` frees nobody waits for (`VmConfig::free_path = deferred`; locks
     /// inside); see `deferred`.
     pub(crate) deferred: Option<deferred::Deferred>,
 }

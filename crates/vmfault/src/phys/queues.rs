@@ -84,8 +84,11 @@ impl Queue {
 /// queued).
 #[derive(Debug, Default, Clone, Copy)]
 struct List {
+    /// `[Q]` the oldest frame (taken first).
     head: u32,
+    /// `[Q]` the newest frame.
     tail: u32,
+    /// `[Q]` frames on the list.
     len: u64,
 }
 
@@ -94,7 +97,7 @@ struct List {
 pub(crate) struct PageQueues {
     /// `[Q]` the two lists (links in the page descriptors, also `[Q]`).
     lists: Mutex<[List; 2]>,
-    /// Per-vCPU batches of frames to link (see the module docs).
+    /// `[S]` per-vCPU batches of frames to link (see the module docs).
     batches: PerCpuCache<u32>,
     /// `[Q]` queue-lock acquisitions (written under the lock, read lockless).
     acquisitions: AtomicU64,

@@ -39,7 +39,7 @@ pub(crate) struct Swap {
     path: PathBuf,
     /// `[I]` slots in the file.
     slots: u64,
-    /// The slots: never used yet start at `next`, freed ones wait in
+    /// `[L]` the slots: never used yet start at `next`, freed ones wait in
     /// `free`, those whose write failed in `bad`.
     free: Mutex<Slots>,
     /// `[a]` slots in use.
@@ -56,11 +56,11 @@ pub(crate) struct Swap {
 /// The slot allocator's state (under `Swap::free`).
 #[derive(Debug, Default)]
 struct Slots {
-    /// Slots from here on were never used.
+    /// `[L]` (`Swap::free`) slots from here on were never used.
     next: u64,
-    /// Freed slots, reused most recent first.
+    /// `[L]` (`Swap::free`) freed slots, reused most recent first.
     free: Vec<u64>,
-    /// Slots whose write failed: out of use while any other slot is to be
+    /// `[L]` (`Swap::free`) slots whose write failed: out of use while any other slot is to be
     /// had, tried again (one by one) only when none is, so that a passing
     /// error does not cost the swap for good.
     bad: Vec<u64>,

@@ -61,7 +61,7 @@ pub(crate) struct CpuSet<S, O> {
     cpus: usize,
     /// `[I]` the slots (their contents follow the per-field rules above).
     slots: Box<[CachePadded<Slot<S, O>>]>,
-    /// Serializes unattached threads on the shared slot.
+    /// `[L]` serializes unattached threads on the shared slot.
     shared_lock: Mutex<()>,
 }
 

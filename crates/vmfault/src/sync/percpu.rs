@@ -136,7 +136,7 @@ impl<T> Extend<T> for Magazine<T> {
 /// the magazine's header on every operation).
 #[repr(align(128))]
 struct MagSlot<T> {
-    /// The magazine: owned by the slot's owner while it is `current`, by
+    /// `[o]` the magazine: owned by the slot's owner while it is `current`, by
     /// the drainer once swapped out and a grace period has passed.
     cell: UnsafeCell<Magazine<T>>,
     /// `[a]` its length, mirrored for statistics (written by whoever owns it).
@@ -147,7 +147,8 @@ struct CpuSlot {
     /// `[a]` the owner's magazine (an index into `mags`); swapped by drainers
     /// (Release), loaded by the owner inside a section (Acquire).
     current: AtomicUsize,
-    /// Drain lock: the empty magazine the next drain swaps in.
+    /// `[L]` (`drain_lock`) the empty magazine the next drain swaps in (an
+    /// atomic only so that the type is `Sync`).
     spare: AtomicUsize,
     /// `[o]` the owner is inside `local` (catches re-entry).
     busy: AtomicBool,
@@ -163,7 +164,7 @@ pub struct PerCpuCache<T> {
     cpus: Box<[CachePadded<CpuSlot>]>,
     /// `[I]` every magazine, two per slot; never freed.
     mags: Box<[MagSlot<T>]>,
-    /// Serializes drainers.
+    /// `[L]` serializes drainers.
     drain_lock: Mutex<()>,
     /// `[a]` drains that swapped at least one magazine (written under drain_lock).
     drains: AtomicU64,

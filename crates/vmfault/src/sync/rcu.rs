@@ -112,7 +112,7 @@ struct Slot {
 /// A set of readers and the grace-period machinery over them.
 #[derive(Debug)]
 pub struct Rcu {
-    /// One slot per reader.
+    /// `[S]` one slot per reader.
     slots: Box<[CachePadded<Slot>]>,
     /// `[I]` unique among the process's `Rcu`s (readers and retired
     /// objects name it).
@@ -122,7 +122,7 @@ pub struct Rcu {
     /// `[a]` the highest grace period completed (Release, pairs with the
     /// Acquire in `elapsed`).
     gp_done: CachePadded<AtomicU64>,
-    /// The grace period [`Rcu::poll`] moves on, under its own mutex: a
+    /// `[L]` the grace period [`Rcu::poll`] moves on, under its own mutex: a
     /// leaf that is only ever try-locked (nobody waits for it).
     polled: super::Mutex<Polled>,
 }
@@ -130,12 +130,12 @@ pub struct Rcu {
 /// A grace period that [`Rcu::poll`] runs a step at a time, never waiting.
 #[derive(Debug)]
 struct Polled {
-    /// Its number (`gp_started` after its increment); 0 when none runs.
+    /// `[L]` (`Rcu::polled`) its number (`gp_started` after its increment); 0 when none runs.
     seq: u64,
-    /// Per reader: the odd count seen when it started (a section it must
+    /// `[L]` (`Rcu::polled`) per reader: the odd count seen when it started (a section it must
     /// see end), or 0 once that section has ended (or none was running).
     seen: Box<[u64]>,
-    /// Readers in `seen` still inside the section seen.
+    /// `[L]` (`Rcu::polled`) readers in `seen` still inside the section seen.
     left: usize,
 }
 
