@@ -145,7 +145,9 @@
 //!
 //! ## Lock tags
 //!
-//! Every shared field says in its doc comment what protects it:
+//! Every shared field says in its doc comment what protects it
+//! (`tests/lock_tags.rs` checks the fields of the structures threads
+//! share):
 //!
 //! | tag | meaning |
 //! |---|---|
