@@ -28,6 +28,18 @@ fn deferred_vm(phys_bytes: u64, cpus: usize, path: FaultPath) -> Vm {
     .unwrap()
 }
 
+/// Map `pages` pages, write each, unmap them: the statistics just before
+/// and just after the munmap.
+fn touch_and_unmap(vm: &Vm, space: &vmfault::AddressSpace, pages: u64) -> (vmfault::Stats, vmfault::Stats) {
+    let a = space.mmap(0, pages * P, RW, PA).unwrap();
+    for p in 0..pages {
+        space.write(a + p * P, &[1]).unwrap();
+    }
+    let before = vm.stats();
+    space.munmap(a, pages * P).unwrap();
+    (before, vm.stats())
+}
+
 #[test]
 fn munmap_waits_for_no_grace_period_and_the_frames_come_back() {
     for path in FAULT_PATHS {
@@ -35,16 +47,10 @@ fn munmap_waits_for_no_grace_period_and_the_frames_come_back() {
         let space = vm.new_space().unwrap();
         let _cpu = vm.attach().unwrap();
         let initial = vm.stats().free_pages;
-        let a = space.mmap(0, 64 * P, RW, PA).unwrap();
-        for p in 0..64 {
-            space.write(a + p * P, &[1]).unwrap();
-        }
-        let before = vm.stats();
-        space.munmap(a, 64 * P).unwrap();
-        let after = vm.stats();
         // Neither the frames nor the VMA-index snapshots that kept the
         // unmapped object alive (the lockless paths': the grace-period
         // thread drops them) make it wait.
+        let (before, after) = touch_and_unmap(&vm, &space, 64);
         assert_eq!(
             after.caller_grace_waits - before.caller_grace_waits,
             0,
@@ -74,13 +80,7 @@ fn a_lone_vcpus_sync_munmap_polls_its_grace_period_and_frees_at_once() {
         let initial = vm.stats().free_pages;
         let space = vm.new_space().unwrap();
         let _cpu = vm.attach().unwrap();
-        let a = space.mmap(0, 64 * P, RW, PA).unwrap();
-        for p in 0..64 {
-            space.write(a + p * P, &[1]).unwrap();
-        }
-        let before = vm.stats();
-        space.munmap(a, 64 * P).unwrap();
-        let after = vm.stats();
+        let (before, after) = touch_and_unmap(&vm, &space, 64);
         assert_eq!(
             after.caller_grace_waits - before.caller_grace_waits,
             0,
