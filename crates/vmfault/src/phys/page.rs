@@ -82,8 +82,11 @@ pub(crate) struct Page {
     /// its entries are non-zero (children). Added to by the CAS that
     /// attaches a child (`pmap::radix`), taken from by the prune that
     /// detaches one; read by the teardown of a subtree nobody else can
-    /// reach, which stops scanning when it has found them all. Zero while
-    /// the frame is free, and for every other kind.
+    /// reach, which stops scanning when it has found them all. For an
+    /// `INDEX` leaf node: the span of the entries ever handed out for
+    /// writing (`pmap::radix`, `widen_span`), so that the teardown of an
+    /// object scans only that span. Zero while the frame is free, and for
+    /// every other kind.
     pub(crate) children: AtomicU32,
 }
 

@@ -46,7 +46,7 @@
 //!   Callers exclude concurrent *allocation* in a pruned range themselves
 //!   (page tables: the map lock held for writing).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crate::phys::{Frames, Kind, OwnedFrame, Pfn, PhysMem, WORDS};
 
@@ -226,6 +226,14 @@ impl Radix {
                 }
             }
             node = child_of(e);
+        }
+        let at = slot_at(index, 0);
+        if self.kind == Kind::Index {
+            // An object index's leaf entries become non-zero only at slots
+            // handed out here (a fault's, a collapse's, a hole's reserve;
+            // swap and write-back change entries that are non-zero already),
+            // so the teardown need not look outside the span of those.
+            widen_span(&phys.page(node).children, at);
         }
         Ok((Leaf { entry: &phys.words(node)[slot_at(index, 0)], node }, added))
     }
@@ -415,7 +423,49 @@ enum Leaves<'a> {
     Ignore,
 }
 
+/// An object-index leaf node's span word (its descriptor's `children`):
+/// the slots handed out for writing lie in `start..end`, with `end` in the
+/// low 16 bits and `WORDS - start` in the high ones, so that a fresh
+/// frame's 0 is the empty span and both halves only grow.
+fn span_of(word: u32) -> (usize, usize) {
+    (WORDS - (word >> 16) as usize, (word & 0xffff) as usize)
+}
+
+/// Slots a span grows by at a time: a sequential fill (page_fault1) then
+/// writes the span once per 64 faults, not at each, and a teardown still
+/// reads a 64th of the node per slot in use, not all 512.
+const SPAN_STEP: usize = 64;
+
+/// Widen the span of `word` (see [`span_of`]) to hold slot `at` (and the
+/// rest of its `SPAN_STEP`-aligned block). A load first: most slots a leaf
+/// hands out lie inside its span already.
+fn widen_span(word: &AtomicU32, at: usize) {
+    let (lo, hi) = (at / SPAN_STEP * SPAN_STEP, (at / SPAN_STEP + 1) * SPAN_STEP);
+    let mut cur = word.load(Ordering::Relaxed);
+    loop {
+        let (start, end) = span_of(cur);
+        let (start, end) = (start.min(lo), end.max(hi));
+        let new = (((WORDS - start) as u32) << 16) | end as u32;
+        if new == cur {
+            return;
+        }
+        match word.compare_exchange_weak(cur, new, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => return,
+            Err(now) => cur = now,
+        }
+    }
+}
+
 fn collect(phys: &PhysMem, node: Pfn, level: u32, out: &mut Vec<Pfn>, mut leaves: Leaves<'_>) {
+    let kind = phys.page(node).kind();
+    // Where a leaf node can hold entries: an index leaf's span (see
+    // `leaf_alloc`), a table leaf's every slot.
+    let (start, end) = if level == 0 && kind == Kind::Index {
+        let (start, end) = span_of(phys.page(node).children.load(Ordering::Relaxed));
+        (start.min(end), end.min(WORDS))
+    } else {
+        (0, WORDS)
+    };
     let mut left = match (level, &leaves) {
         (0, Leaves::Keep(_)) => u32::MAX,
         (0, Leaves::Empty) if cfg!(debug_assertions) => u32::MAX,
@@ -423,9 +473,9 @@ fn collect(phys: &PhysMem, node: Pfn, level: u32, out: &mut Vec<Pfn>, mut leaves
         _ => phys.page(node).children.load(Ordering::Relaxed),
     };
     let words = phys.words(node);
-    let mut i = 0;
+    let mut i = start;
     while left > 0 || (level > 0 && cfg!(debug_assertions)) {
-        let Some((at, e)) = next_nonzero(words, i) else { break };
+        let Some((at, e)) = next_nonzero(words, i, end) else { break };
         i = at + 1;
         // Diagnostic: a child past the count would leak its subtree.
         debug_assert!(level == 0 || left > 0, "node {node:?} at level {level} has more children than it counts");
@@ -450,14 +500,15 @@ fn collect(phys: &PhysMem, node: Pfn, level: u32, out: &mut Vec<Pfn>, mut leaves
     out.push(node);
 }
 
-/// The first non-zero entry of `words` at or after `from`, with its
-/// position. Eight words are tested at a time (one branch per 64 bytes:
-/// the nodes a teardown reads are mostly empty); the entry found is read
-/// again with Acquire, pairing with the Release that published it.
-fn next_nonzero(words: &[AtomicU64; WORDS], from: usize) -> Option<(usize, u64)> {
+/// The first non-zero entry of `words` at or after `from` and before
+/// `end`, with its position. Eight words are tested at a time (one branch
+/// per 64 bytes: the nodes a teardown reads are mostly empty); the entry
+/// found is read again with Acquire, pairing with the Release that
+/// published it.
+fn next_nonzero(words: &[AtomicU64; WORDS], from: usize, end: usize) -> Option<(usize, u64)> {
     let mut i = from;
-    while i < WORDS {
-        if i.is_multiple_of(8) && i + 8 <= WORDS {
+    while i < end {
+        if i.is_multiple_of(8) && i + 8 <= end {
             let any = words[i..i + 8].iter().fold(0, |acc, w| acc | w.load(Ordering::Relaxed));
             if any == 0 {
                 i += 8;
@@ -541,6 +592,38 @@ mod tests {
         r.teardown(&phys, &mut out, Some(&mut leaves));
         assert_eq!(leaves, vec![70, 71, 72]);
         assert_eq!(out.len() as u64, free - phys.global_free_frames(), "teardown finds every node");
+    }
+
+    #[test]
+    fn an_index_teardown_scans_a_leaf_over_the_slots_handed_out_only() {
+        let (rcu, _r) = crate::sync::rcu::Rcu::new(1);
+        let phys = PhysMem::new(64, false, &rcu, NO_PCP, false, false).unwrap();
+        let frames = Frames::global(&phys);
+        let mut r = Radix::index();
+        // Out of order, all in one leaf node (block 512..1024).
+        for (k, v) in [(512 + 10, 1), (512 + 3, 2), (512 + 200, 3), (512 + 7, 4)] {
+            r.leaf_alloc(&frames, k).unwrap().0.entry.store(v, Ordering::Relaxed);
+        }
+        let node = r.leaf(&phys, 512).unwrap().node;
+        assert_eq!(
+            span_of(phys.page(node).children.load(Ordering::Relaxed)),
+            (0, 256),
+            "the 64-slot blocks of the slots handed out"
+        );
+        // The contract: entries become non-zero only at slots `leaf_alloc`
+        // handed out. Ones written outside the span behind its back are
+        // not read (the scan covers the span only).
+        r.leaf(&phys, 512 + 300).unwrap().entry.store(9, Ordering::Relaxed);
+        assert_eq!(span_of(0), (WORDS, 0), "a fresh node's span is empty");
+        // A leaf whose one slot is high: its span starts at that block.
+        r.leaf_alloc(&frames, 1024 + 450).unwrap().0.entry.store(5, Ordering::Relaxed);
+        let high = r.leaf(&phys, 1024).unwrap().node;
+        assert_eq!(span_of(phys.page(high).children.load(Ordering::Relaxed)), (448, 512));
+        r.leaf(&phys, 1024 + 3).unwrap().entry.store(6, Ordering::Relaxed);
+        let (mut out, mut leaves) = (Vec::new(), Vec::new());
+        r.teardown(&phys, &mut out, Some(&mut leaves));
+        assert_eq!(leaves, vec![2, 4, 1, 3, 5]);
+        assert!(out.contains(&node) && out.contains(&high));
     }
 
     #[test]
