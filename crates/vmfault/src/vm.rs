@@ -554,6 +554,7 @@ fn spawn_grace_thread(m: &Arc<Machine>) -> Result<std::thread::JoinHandle<()>> {
         .name("vmfault-rcu".into())
         .spawn(move || {
             let (mut served, mut seen) = (0, 0);
+            let mut idle = Vec::new();
             loop {
                 {
                     let Some(m) = weak.upgrade() else { return };
@@ -574,6 +575,10 @@ fn spawn_grace_thread(m: &Arc<Machine>) -> Result<std::thread::JoinHandle<()>> {
                         m.phys.flush_deferred(&m.rcu, false);
                         seen = d.frames();
                     }
+                    // Lists whose owner has not touched them since the
+                    // last tick: their aged frames and values, here.
+                    idle.resize(d.unowned(), (0, 0));
+                    m.phys.flush_idle_deferred(&m.rcu, &mut idle);
                 }
                 // A wake after the load above has set the park token: the
                 // park returns at once.

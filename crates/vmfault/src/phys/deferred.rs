@@ -14,7 +14,10 @@
 //!   the global list) and at its next deferred free.
 //! - Frees without a vCPU (an object's end, on whatever thread drops it)
 //!   go onto one more list, which the grace-period thread itself empties
-//!   into the global list.
+//!   into the global list. So does it with a vCPU's list that nobody has
+//!   touched for one of its ticks (an idle or departed vCPU): its aged
+//!   frames go to the global list and its aged values are dropped, as
+//!   Linux runs RCU callbacks whatever the CPU that queued them does.
 //! - An allocation that finds no frame anywhere waits for a grace period
 //!   and takes every list's aged batches (`PhysMem::flush_deferred`)
 //!   before it drains the page caches or reports `ENOMEM`; so do
@@ -214,6 +217,13 @@ impl Deferred {
         // before `_dropping` reports them placed, also on a panic.
         drop(aged);
         n
+    }
+
+    /// What list `i` holds: frames and values to drop (a snapshot; its
+    /// owner's activity changes it).
+    pub(crate) fn held_by(&self, i: usize) -> (u64, u64) {
+        let l = &self.lists[i];
+        (l.frames.load(Ordering::Relaxed), l.late.load(Ordering::Relaxed))
     }
 
     /// Values queued to drop or being dropped (a snapshot).

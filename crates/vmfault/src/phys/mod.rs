@@ -261,6 +261,26 @@ impl PhysMem {
         frames.len()
     }
 
+    /// The grace-period thread's tick for the vCPUs' own lists: a list
+    /// that holds something and has not changed since the last tick
+    /// (`last`, kept by the caller), its owner idle or gone, gives its aged
+    /// frames to the global list and drops its aged values here.
+    pub(crate) fn flush_idle_deferred(&self, rcu: &Rcu, last: &mut [(u64, u64)]) {
+        let Some(d) = &self.deferred else { return };
+        let mut frames = Vec::new();
+        let mut moving = Vec::new();
+        for (i, seen) in last.iter_mut().enumerate().take(d.unowned()) {
+            let now = d.held_by(i);
+            if now != (0, 0) && now == *seen {
+                moving.push(d.take_aged(i, rcu, &mut frames));
+                d.drop_aged_of(i, rcu, false);
+            }
+            *seen = d.held_by(i);
+        }
+        self.give_aged(&frames);
+        drop(moving);
+    }
+
     /// Free frames whose grace period has ended, in one batch.
     pub(crate) fn give_aged(&self, frames: &[Pfn]) {
         if frames.is_empty() {
@@ -529,6 +549,27 @@ mod tests {
         phys.read_bytes(phys.zero_pfn(), 100, &mut zero);
         assert_eq!(zero, [0; 16]);
         phys.free_after_grace(&rcu, &[pfn]);
+    }
+
+    #[test]
+    fn an_idle_vcpus_deferred_frames_reach_the_global_list() {
+        let (rcu, readers) = Rcu::new(2);
+        let mut phys = PhysMem::new(32, false, &rcu, NO_PCP, false, false).unwrap();
+        phys.set_deferred(2);
+        let frames = Frames::global(&phys);
+        let free = phys.global_free_frames();
+        let pfns: Vec<Pfn> = (0..3).map(|_| phys.publish(frames.alloc().unwrap(), Kind::Data)).collect();
+        // Freed by vCPU 0 while vCPU 1 is inside a section: onto list 0.
+        let inside = rcu.read_lock(&readers[1]);
+        phys.deferred.as_ref().unwrap().push(0, rcu.cookie(), pfns.clone());
+        let mut last = vec![(0, 0); 3];
+        phys.flush_idle_deferred(&rcu, &mut last);
+        assert_eq!(phys.deferred_frames(), 3, "first tick: the list just changed");
+        phys.flush_idle_deferred(&rcu, &mut last);
+        assert_eq!(phys.deferred_frames(), 3, "idle, but its grace period has not ended");
+        drop(inside);
+        phys.flush_idle_deferred(&rcu, &mut last);
+        assert_eq!((phys.deferred_frames(), phys.global_free_frames()), (0, free), "idle and aged: freed");
     }
 
     #[test]
