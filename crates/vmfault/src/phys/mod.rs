@@ -267,18 +267,21 @@ impl PhysMem {
     /// frames to the global list and drops its aged values here.
     pub(crate) fn flush_idle_deferred(&self, rcu: &Rcu, last: &mut [(u64, u64)]) {
         let Some(d) = &self.deferred else { return };
-        let mut frames = Vec::new();
-        let mut moving = Vec::new();
-        for (i, seen) in last.iter_mut().enumerate().take(d.unowned()) {
-            let now = d.held_by(i);
-            if now != (0, 0) && now == *seen {
-                moving.push(d.take_aged(i, rcu, &mut frames));
-                d.drop_aged_of(i, rcu, false);
-            }
-            *seen = d.held_by(i);
+        let idle: Vec<usize> =
+            (0..d.unowned()).filter(|&i| d.held_by(i) != (0, 0) && d.held_by(i) == last[i]).collect();
+        // The values first (a drop may take a while: a file's write-back),
+        // so that no frame stays in transit across them (an allocation
+        // that finds nothing waits for frames in transit).
+        for &i in &idle {
+            d.drop_aged_of(i, rcu, false);
         }
+        let mut frames = Vec::new();
+        let moving: Vec<_> = idle.iter().map(|&i| d.take_aged(i, rcu, &mut frames)).collect();
         self.give_aged(&frames);
         drop(moving);
+        for (i, seen) in last.iter_mut().enumerate().take(d.unowned()) {
+            *seen = d.held_by(i);
+        }
     }
 
     /// Free frames whose grace period has ended, in one batch.

@@ -83,9 +83,10 @@ pub(crate) struct Page {
     /// attaches a child (`pmap::radix`), taken from by the prune that
     /// detaches one; read by the teardown of a subtree nobody else can
     /// reach, which stops scanning when it has found them all. For an
-    /// `INDEX` leaf node: the span of the entries ever handed out for
-    /// writing (`pmap::radix`, `widen_span`), so that the teardown of an
-    /// object scans only that span. Zero while the frame is free, and for
+    /// `INDEX` leaf node: the span of the slots ever handed out for
+    /// writing (`pmap::radix`, `widen_span`), where every entry that owns
+    /// a frame or a swap slot lies, so that the teardown of an object scans
+    /// only that span. Zero while the frame is free, and for
     /// every other kind.
     pub(crate) children: AtomicU32,
 }

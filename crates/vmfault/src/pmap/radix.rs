@@ -229,10 +229,12 @@ impl Radix {
         }
         let at = slot_at(index, 0);
         if self.kind == Kind::Index {
-            // An object index's leaf entries become non-zero only at slots
-            // handed out here (a fault's, a collapse's, a hole's reserve;
-            // swap and write-back change entries that are non-zero already),
-            // so the teardown need not look outside the span of those.
+            // An object index's entries that own a frame or a swap slot
+            // appear only at slots handed out here (a fault's, a fill's, a
+            // collapse's reserve; swap and write-back change entries that
+            // own one already), so the teardown need not look outside the
+            // span of those (a hole or a lone dirty bit found there owns
+            // nothing).
             widen_span(&phys.page(node).children, at);
         }
         Ok((Leaf { entry: &phys.words(node)[slot_at(index, 0)], node }, added))
