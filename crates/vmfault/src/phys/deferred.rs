@@ -4,6 +4,11 @@
 //! unlink, onto a batch list of the freeing vCPU's, instead of that vCPU
 //! waiting for a grace period itself.
 //!
+//! - A free polls for its grace period first (`Rcu::poll`): when it
+//!   completes at once (no other vCPU inside a section) the frames skip
+//!   the lists and go to the vCPU's cache; otherwise the poll it started
+//!   is completed by a later one, such as the owner's at its next cache
+//!   miss (`take_aged` polls).
 //! - A grace-period thread (`vmfault-rcu`), woken by a list that holds
 //!   `WAKE_FRAMES` frames (and every `GRACE_POLL` while the lists hold
 //!   some that changed since its last one), runs `synchronize()`; one grace period ages all the batches
