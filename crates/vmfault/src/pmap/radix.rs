@@ -46,7 +46,7 @@
 //!   Callers exclude concurrent *allocation* in a pruned range themselves
 //!   (page tables: the map lock held for writing).
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::phys::{Frames, Kind, OwnedFrame, Pfn, PhysMem, WORDS};
 
@@ -441,7 +441,7 @@ const SPAN_STEP: usize = 64;
 /// Widen the span of `word` (see [`span_of`]) to hold slot `at` (and the
 /// rest of its `SPAN_STEP`-aligned block). A load first: most slots a leaf
 /// hands out lie inside its span already.
-fn widen_span(word: &AtomicU32, at: usize) {
+fn widen_span(word: &crate::sync::atomic::AtomicU32, at: usize) {
     let (lo, hi) = (at / SPAN_STEP * SPAN_STEP, (at / SPAN_STEP + 1) * SPAN_STEP);
     let mut cur = word.load(Ordering::Relaxed);
     loop {
