@@ -134,7 +134,7 @@ pub fn round_until<T: Target>(
                 s.spawn(move || {
                     pin(i);
                     let _cpu = target.enter_thread();
-                    let scratch = loops::prepare(w, sizes);
+                    let scratch = loops::prepare(w, sizes, i);
                     let flt = thread_minor_faults();
                     start.wait();
                     let cpu = thread_cpu_seconds();

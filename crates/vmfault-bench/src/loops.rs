@@ -27,6 +27,8 @@ pub(crate) struct Scratch {
     /// page_fault2/3's file (one per thread, as will-it-scale's), or
     /// exec1's binary (one for all threads: a shared dynamic binary).
     file: Option<Arc<TempFile>>,
+    /// The thread's number in its round (0, 1, ...).
+    thread: usize,
 }
 
 /// A file in the temporary directory, removed when dropped.
@@ -80,15 +82,24 @@ fn exec1_binary() -> Result<Arc<TempFile>, OpError> {
 }
 
 /// Make `w`'s per-thread state.
-pub(crate) fn prepare(w: Workload, sizes: &Sizes) -> Result<Scratch, OpError> {
-    Ok(match w {
+pub(crate) fn prepare(w: Workload, sizes: &Sizes, thread: usize) -> Result<Scratch, OpError> {
+    let scratch = match w {
         Workload::ZeroFill => Scratch { buf: vec![1u8; sizes.region as usize], ..Scratch::default() },
         Workload::PageFault2 | Workload::PageFault3 => {
             Scratch { file: Some(Arc::new(TempFile::new(w.name(), sizes.region, false)?)), ..Scratch::default() }
         }
         Workload::Exec1 => Scratch { file: Some(exec1_binary()?), ..Scratch::default() },
         _ => Scratch::default(),
-    })
+    };
+    Ok(Scratch { thread, ..scratch })
+}
+
+/// Where thread `thread` of vmlocal and brk1 puts its own range: its own
+/// 512 GiB below 112 TiB (RadixVM's benchmarks give each core its own
+/// region the same way). A hint, honoured by the host kernel and by
+/// vmfault alike; with `map_lock=zoned` it is also the thread's own zone.
+fn own_region(thread: usize) -> u64 {
+    (112 << 40) - ((thread % 192) as u64) * (512 << 30)
 }
 
 /// What a thread's loop did: ops, and workload-specific totals.
@@ -123,8 +134,8 @@ pub(crate) fn run<T: Target>(
         Workload::Ebizzy => ebizzy(t, sizes.ebizzy_chunk, stop),
         Workload::Malloc1 => malloc1(t, sizes.region, stop),
         Workload::Mmap1 => mmap1(t, sizes.region, stop),
-        Workload::Brk1 => brk1(t, stop),
-        Workload::Vmlocal => vmlocal(t, stop),
+        Workload::Brk1 => brk1(t, own_region(scratch.thread), stop),
+        Workload::Vmlocal => vmlocal(t, own_region(scratch.thread), stop),
         Workload::Fork1 => fork1(t, FORK1_REGION, stop),
         Workload::Exec1 => exec1(t, file()?, stop),
         Workload::Shared64 => return shared64(t, sizes.shared_region, stop),
@@ -197,10 +208,11 @@ fn mmap1<T: Target>(t: &T, len: u64, stop: &AtomicBool) -> Result<u64, OpError> 
     Ok(ops)
 }
 
-/// brk1-like: a one-page "heap" grows by a page (a fixed mapping that
-/// merges with it, as brk expands the heap VMA) and shrinks back.
-fn brk1<T: Target>(t: &T, stop: &AtomicBool) -> Result<u64, OpError> {
-    let heap = t.map(2 * PAGE)?;
+/// brk1-like: a one-page "heap" (the thread's own, at `hint`) grows by a
+/// page (a fixed mapping that merges with it, as brk expands the heap VMA)
+/// and shrinks back.
+fn brk1<T: Target>(t: &T, hint: u64, stop: &AtomicBool) -> Result<u64, OpError> {
+    let heap = t.map_near(hint, 2 * PAGE, true)?;
     t.unmap(heap + PAGE, PAGE)?;
     let mut ops = 0;
     while !stopped(stop) {
@@ -213,10 +225,10 @@ fn brk1<T: Target>(t: &T, stop: &AtomicBool) -> Result<u64, OpError> {
 }
 
 /// vmlocal (RadixVM's "local"): the thread's own page, between two
-/// `PROT_NONE` guard pages of its reservation (nothing merges with it, and
-/// no other mapping lands there), mapped, written and unmapped.
-fn vmlocal<T: Target>(t: &T, stop: &AtomicBool) -> Result<u64, OpError> {
-    let r = t.reserve(3 * PAGE)?;
+/// `PROT_NONE` guard pages of its reservation at `hint` (nothing merges
+/// with it, and no other mapping lands there), mapped, written and unmapped.
+fn vmlocal<T: Target>(t: &T, hint: u64, stop: &AtomicBool) -> Result<u64, OpError> {
+    let r = t.map_near(hint, 3 * PAGE, false)?;
     let page = r + PAGE;
     let mut ops = 0;
     while !stopped(stop) {

@@ -26,9 +26,10 @@ pub trait Target: Sync {
     /// Map `len` bytes of private anonymous read-write memory anywhere.
     fn map(&self, len: u64) -> Result<u64, OpError>;
 
-    /// Reserve `len` bytes of address space: a private anonymous
-    /// `PROT_NONE` mapping (no merges with read-write neighbours).
-    fn reserve(&self, len: u64) -> Result<u64, OpError>;
+    /// Map `len` bytes of private anonymous memory, read-write or
+    /// `PROT_NONE` (a reservation: no merges with read-write neighbours),
+    /// at `hint` if that range is free (a hint, not `MAP_FIXED`).
+    fn map_near(&self, hint: u64, len: u64, writable: bool) -> Result<u64, OpError>;
 
     /// Map `len` bytes of private anonymous read-write memory at `addr`,
     /// replacing what is there (`MAP_FIXED`).
@@ -158,8 +159,8 @@ impl Target for VmTarget {
         self.space.mmap(0, len, RW, PA).map_err(|e| e.to_string())
     }
 
-    fn reserve(&self, len: u64) -> Result<u64, OpError> {
-        self.space.mmap(0, len, Prot::NONE, PA).map_err(|e| e.to_string())
+    fn map_near(&self, hint: u64, len: u64, writable: bool) -> Result<u64, OpError> {
+        self.space.mmap(hint, len, if writable { RW } else { Prot::NONE }, PA).map_err(|e| e.to_string())
     }
 
     #[inline]
@@ -306,13 +307,14 @@ impl Target for HostTarget {
         if p == libc::MAP_FAILED { Err(errno_text("mmap")) } else { Ok(p as u64) }
     }
 
-    fn reserve(&self, len: u64) -> Result<u64, OpError> {
-        // SAFETY: a fresh anonymous mapping; nothing existing is touched.
+    fn map_near(&self, hint: u64, len: u64, writable: bool) -> Result<u64, OpError> {
+        // SAFETY: a fresh anonymous mapping, at a hint (no MAP_FIXED):
+        // nothing existing is touched.
         let p = unsafe {
             libc::mmap(
-                std::ptr::null_mut(),
+                hint as *mut libc::c_void,
                 len as usize,
-                libc::PROT_NONE,
+                if writable { libc::PROT_READ | libc::PROT_WRITE } else { libc::PROT_NONE },
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
                 -1,
                 0,

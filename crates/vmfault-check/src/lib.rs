@@ -12,7 +12,7 @@ pub mod ops;
 
 use filepages::FilePages;
 use ops::*;
-use vmfault::{AddressSpace, FaultPath, Rmap, Vm, VmConfig};
+use vmfault::{AddressSpace, FaultPath, MapLock, Rmap, Vm, VmConfig};
 
 /// Every fault path: the suites run in all of them.
 pub const FAULT_PATHS: [FaultPath; 3] = [FaultPath::MapLock, FaultPath::Speculative, FaultPath::VmaLock];
@@ -27,33 +27,55 @@ pub struct Config {
     /// A machine so small (80 frames) that the page daemon pages out to
     /// swap (anonymous pages) and evicts file pages.
     pub swap: bool,
+    /// How the map lock is split.
+    pub map_lock: MapLock,
 }
 
 impl std::fmt::Display for Config {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "fault_path={} rmap={} swap={}", self.path.name(), self.rmap.name(), self.swap)
+        write!(
+            f,
+            "fault_path={} rmap={} swap={} map_lock={}",
+            self.path.name(),
+            self.rmap.name(),
+            self.swap,
+            self.map_lock.name()
+        )
     }
+}
+
+/// The default map lock, and the other one.
+fn map_locks() -> (MapLock, MapLock) {
+    let d = VmConfig::default().map_lock;
+    (d, if d == MapLock::Zoned { MapLock::Global } else { MapLock::Zoned })
 }
 
 /// The configurations of the test suite: every fault path with backing
 /// records, the pv-entry reverse map on the speculative one (its
-/// bookkeeping runs on every fault and zap), and the small machine with
-/// swap on the speculative one.
+/// bookkeeping runs on every fault and zap), the small machine with swap
+/// on the speculative one, all with the default map lock; and the other
+/// map lock on the speculative one.
 pub fn all_configs() -> Vec<Config> {
+    let (map_lock, other) = map_locks();
     let mut v: Vec<Config> =
-        FAULT_PATHS.iter().map(|&path| Config { path, rmap: Rmap::Backing, swap: false }).collect();
-    v.push(Config { path: FaultPath::Speculative, rmap: Rmap::PvEntry, swap: false });
-    v.push(Config { path: FaultPath::Speculative, rmap: Rmap::Backing, swap: true });
+        FAULT_PATHS.iter().map(|&path| Config { path, rmap: Rmap::Backing, swap: false, map_lock }).collect();
+    v.push(Config { path: FaultPath::Speculative, rmap: Rmap::PvEntry, swap: false, map_lock });
+    v.push(Config { path: FaultPath::Speculative, rmap: Rmap::Backing, swap: true, map_lock });
+    v.push(Config { path: FaultPath::Speculative, rmap: Rmap::Backing, swap: false, map_lock: other });
     v
 }
 
 /// The configurations for one fault path: with backing records, with
-/// swap, and (speculative only) with pv entries.
+/// swap, and (speculative only) with pv entries and with the other map lock.
 pub fn configs_for(path: FaultPath) -> Vec<Config> {
-    let mut v =
-        vec![Config { path, rmap: Rmap::Backing, swap: false }, Config { path, rmap: Rmap::Backing, swap: true }];
+    let (map_lock, other) = map_locks();
+    let mut v = vec![
+        Config { path, rmap: Rmap::Backing, swap: false, map_lock },
+        Config { path, rmap: Rmap::Backing, swap: true, map_lock },
+    ];
     if path == FaultPath::Speculative {
-        v.push(Config { path, rmap: Rmap::PvEntry, swap: false });
+        v.push(Config { path, rmap: Rmap::PvEntry, swap: false, map_lock });
+        v.push(Config { path, rmap: Rmap::Backing, swap: false, map_lock: other });
     }
     v
 }
@@ -77,8 +99,8 @@ pub fn check_configs(ops: &[TOp], configs: &[Config]) -> Result<(), String> {
     let host_bytes = host_file.as_ref().map(|f| std::fs::read(&f.path).unwrap());
     for &c in configs {
         let file = files.then(|| ScratchFile::new("vmfault"));
-        let complete = check_path(ops, &host, &host_maps, c.path, c.rmap, c.swap, file.as_ref().map(|f| &f.file))
-            .map_err(|e| format!("{c}: {e}"))?;
+        let complete =
+            check_path(ops, &host, &host_maps, &c, file.as_ref().map(|f| &f.file)).map_err(|e| format!("{c}: {e}"))?;
         // A sequence the small machine cut short (out of page tables or
         // index nodes) skipped stores the host made: its file cannot match.
         if let (true, Some(f), Some(want)) = (complete, &file, &host_bytes) {
@@ -171,13 +193,19 @@ fn check_path(
     ops: &[TOp],
     host: &[Outcome],
     host_maps: &[Vec<MapEntry>],
-    path: FaultPath,
-    rmap: Rmap,
-    swap: bool,
+    c: &Config,
     file: Option<&std::fs::File>,
 ) -> Result<bool, String> {
-    let config =
-        VmConfig { phys_bytes: 8 << 20, cpus: 1, prefault: false, fault_path: path, rmap, ..VmConfig::default() };
+    let Config { path, rmap, swap, map_lock } = *c;
+    let config = VmConfig {
+        phys_bytes: 8 << 20,
+        cpus: 1,
+        prefault: false,
+        fault_path: path,
+        rmap,
+        map_lock,
+        ..VmConfig::default()
+    };
     // 80 frames: the window's 48 pages in two processes overflow it (object indexes cost a frame or two now, not four: 112 frames paged out too rarely).
     let config = match swap {
         true => VmConfig {

@@ -25,8 +25,10 @@ pub const FILE_TAIL: u64 = 100;
 pub fn file_contents() -> Vec<u8> {
     (0..FILE_PAGES * P + FILE_TAIL).map(|i| ((i * 7 + (i >> 12) * 13) as u8) | 0x80).collect()
 }
-/// Where the window starts in vmfault (any free, aligned range will do).
-pub const VM_BASE: u64 = 0x5000_0000_0000;
+/// Where the window starts in vmfault (any free, aligned range will do):
+/// half of it below 80 TiB, half above, so that its mappings cross the
+/// edge of two `map_lock=zoned` zones (and of every smaller power of two).
+pub const VM_BASE: u64 = 0x5000_0000_0000 - W / 2;
 /// The top of the user address space (x86-64, 4-level paging).
 pub const TASK_SIZE: u64 = (1 << 47) - P;
 

@@ -201,7 +201,7 @@ pub mod types;
 mod vm;
 
 pub use aspace::{AddressSpace, MAX_MAP_COUNT, PageHold};
-pub use config::{FaultPath, FrameOrder, FreePath, PcpHigh, Refcount, Rmap, VmConfig};
+pub use config::{FaultPath, FrameOrder, FreePath, MapLock, PcpHigh, Refcount, Rmap, VmConfig};
 pub use error::{Error, Op, Result, SegvCode};
 pub use stats::{Counter, CpuStats, Stats};
 pub use types::{Access, Advice, MMAP_MIN_ADDR, MapFlags, MappingInfo, MsyncFlags, PAGE_SIZE, Prot, TASK_SIZE};

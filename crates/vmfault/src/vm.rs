@@ -55,6 +55,9 @@ pub(crate) struct Machine {
     /// (they had left their object while wired): unmapped, waiting for an
     /// operation's grace period to be freed (a lock of its own, innermost).
     pub(crate) orphans: std::sync::Mutex<Vec<crate::phys::Pfn>>,
+    /// `[a]` whether `orphans` may hold any (written under its lock): every
+    /// change's `finish` looks, and the lock is shared by all vCPUs.
+    pub(crate) orphaned: std::sync::atomic::AtomicBool,
     /// `[S]` the swap file (`VmConfig::swap`; its own lock inside).
     pub(crate) swap: Option<crate::reclaim::Swap>,
     /// `[S]` the anonymous objects, registered only with swap (locks inside).
@@ -67,12 +70,21 @@ pub(crate) struct Machine {
 impl Machine {
     /// Queue an unmapped page that nothing references for freeing.
     pub(crate) fn orphan(&self, pfn: crate::phys::Pfn) {
-        crate::sync::rank::lock(&self.orphans, crate::sync::rank::Rank::Leaf).push(pfn);
+        let mut orphans = crate::sync::rank::lock(&self.orphans, crate::sync::rank::Rank::Leaf);
+        orphans.push(pfn);
+        self.orphaned.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Take the queued orphans (the caller frees them after a grace period).
     pub(crate) fn take_orphans(&self) -> Vec<crate::phys::Pfn> {
-        std::mem::take(&mut *crate::sync::rank::lock(&self.orphans, crate::sync::rank::Rank::Leaf))
+        // A queue filled by another vCPU is seen at a later look (each
+        // orphan is also taken by its own vCPU's next change).
+        if !self.orphaned.load(std::sync::atomic::Ordering::Relaxed) {
+            return Vec::new();
+        }
+        let mut orphans = crate::sync::rank::lock(&self.orphans, crate::sync::rank::Rank::Leaf);
+        self.orphaned.store(false, std::sync::atomic::Ordering::Relaxed);
+        std::mem::take(&mut *orphans)
     }
 }
 
@@ -310,6 +322,7 @@ impl Vm {
             pv,
             spaces: Default::default(),
             orphans: Default::default(),
+            orphaned: Default::default(),
             reclaimable: crate::object::Reclaimable::new(swap.is_some()),
             swap,
             stop: Default::default(),

@@ -12,6 +12,7 @@
 use std::fs::File;
 use std::sync::Arc;
 
+use super::vma::Lookup;
 use super::vma::Vma;
 use super::{AddressSpace, Space};
 use crate::error::{Error, Op, Result};
@@ -118,7 +119,7 @@ impl Space {
         // Linux's walk (`mm/msync.c`), collected under the map lock; the
         // writes follow in order, and the first error stops them.
         let (targets, failed, hole) = {
-            let map = self.map_read(ctx);
+            let map = self.map_read(ctx, addr, end);
             let mut pos = addr;
             let (mut hole, mut failed) = (false, None);
             let mut targets = Vec::new();

@@ -27,6 +27,7 @@
 
 use std::sync::Arc;
 
+use super::vma::{Lookup, VmaIndex};
 use super::vma::{Vma, VmaFlags};
 use super::{AddressSpace, Space};
 use crate::error::{Error, Op, Result};
@@ -79,7 +80,7 @@ impl AddressSpace {
         let s = &self.s;
         // Not counted as a map-lock acquisition: statistics call this.
         s.vm.with_ctx(|ctx| {
-            let map = s.map_read_uncounted();
+            let map = s.map_read_all();
             let section = ctx.rcu_read();
             map.iter().filter_map(|v| v.object.get()).map(|o| o.depth(&section)).max().unwrap_or(0)
         })
@@ -95,7 +96,7 @@ impl Space {
         let mut absorbed = Vec::new();
         let mut narrowed = 0;
         let replaced = {
-            let mut map = self.map_write(ctx);
+            let mut map = self.map_write_all(ctx);
             let vmas: Vec<Arc<Vma>> = map.iter().cloned().collect();
             // Everything that can fail comes first.
             let mut fronts: Vec<(Arc<Object>, Arc<Object>)> = Vec::new();

@@ -27,6 +27,7 @@
 //! hold then writes the child's page.
 
 use super::AddressSpace;
+use super::vma::Lookup;
 use crate::error::{Error, Op, Result};
 use crate::fault;
 use crate::object::Object;
@@ -97,7 +98,7 @@ impl AddressSpace {
                 if let Some((pfn, wired)) = held {
                     let dirties = match access {
                         Access::Write => {
-                            let map = s.map_read(ctx);
+                            let map = s.map_read(ctx, page, page + PAGE_SIZE);
                             map.find(page).and_then(|v| super::file::file_range(v, page, page + PAGE_SIZE))
                         }
                         _ => None,

@@ -11,7 +11,7 @@
 //! programs, none of the seeds' workloads.
 
 use super::vma::VmaFlags;
-use super::{AddressSpace, Space};
+use super::{AddressSpace, MapHeld, Space};
 use crate::error::{Error, Op, Result};
 use crate::stats::Counter;
 use crate::types::{Advice, is_page_aligned, page_align_up};
@@ -56,7 +56,7 @@ impl Space {
             Advice::Normal | Advice::Random | Advice::Sequential => self.madvise_flags(ctx, addr, end, advice),
             Advice::DontNeed => self.dontneed(ctx, addr, end),
             Advice::WillNeed | Advice::Free => {
-                let map = self.map_read(ctx);
+                let map = self.map_read(ctx, addr, end);
                 walk(op, &map, addr, end, |v, _, _| {
                     if advice == Advice::Free && v.flags.contains(VmaFlags::LOCKED) {
                         return Err(Error::inval(op, "MADV_FREE on an mlocked mapping", v.start));
@@ -74,7 +74,7 @@ impl Space {
 
     fn madvise_flags(&self, ctx: &Ctx<'_>, start: u64, end: u64, advice: Advice) -> Result<()> {
         let op = Op::Madvise;
-        let mut map = self.map_write(ctx);
+        let mut map = self.map_write(ctx, start, end);
         // Collect the mapped pieces first (the walk's hole semantics), then
         // change each run of VMAs without holes.
         let mut pieces = Vec::new();
@@ -108,7 +108,7 @@ impl Space {
         let mut frames = Vec::new();
         let mut ptes = 0;
         let (result, renewed) = {
-            let mut map = self.map_write(ctx);
+            let mut map = self.map_write(ctx, start, end);
             // The pages change under the VMAs: replace them, so that a
             // speculative fault that found a page before we took it out of
             // its object aborts instead of mapping it.
@@ -145,7 +145,7 @@ impl Space {
 /// from `start` on), unless `f` failed first.
 fn walk(
     op: Op,
-    map: &super::vma::VmaTree,
+    map: &impl MapHeld,
     start: u64,
     end: u64,
     mut f: impl FnMut(&super::vma::Vma, u64, u64) -> Result<()>,

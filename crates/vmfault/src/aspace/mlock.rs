@@ -30,6 +30,7 @@
 //! `populate_vma_page_range`, a VMA that is no longer locked when the
 //! lock is taken again (a racing `munlock`) is skipped, and so is a hole.
 
+use super::vma::Lookup;
 use super::vma::VmaFlags;
 use super::{AddressSpace, Space};
 use crate::error::{Error, Op, Result};
@@ -108,7 +109,7 @@ impl Space {
     fn set_mlocked(&self, ctx: &Ctx<'_>, op: Op, start: u64, end: u64, lock: bool) -> Result<()> {
         let mut changes = super::mprotect::Changes::default();
         let result = {
-            let mut map = self.map_write(ctx);
+            let mut map = self.map_write(ctx, start, end);
             let f = |v: &super::vma::Vma| {
                 (v.prot, if lock { v.flags | VmaFlags::LOCKED } else { v.flags - VmaFlags::LOCKED })
             };
@@ -143,7 +144,7 @@ impl Space {
         let mut addr = start;
         while addr < end {
             let (missing, access, stop) = {
-                let map = self.map_read(ctx);
+                let map = self.map_read(ctx, addr, end);
                 let Some(v) = map.overlapping(addr, end).next() else { return Ok(()) };
                 addr = addr.max(v.start);
                 let stop = v.end.min(end);

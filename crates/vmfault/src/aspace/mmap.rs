@@ -7,9 +7,10 @@
 use std::fs::File;
 use std::sync::Arc;
 
-use super::layout::{round_hint, unmapped_area};
+use super::layout::{MMAP_BASE, round_hint, unmapped_area};
+use super::vma::{Lookup, VmaIndex};
 use super::vma::{Vma, VmaFlags};
-use super::{AddressSpace, MAX_MAP_COUNT, Space};
+use super::{AddressSpace, MAX_MAP_COUNT, MapWrite, Space};
 use crate::error::{Error, Op, Result};
 use crate::object::Object;
 use crate::stats::Counter;
@@ -90,12 +91,16 @@ impl Space {
         }
         let shared = flags.contains(MapFlags::SHARED);
 
-        let mut map = self.map_write(ctx);
-        if map.len() > MAX_MAP_COUNT {
-            return Err(Error::TooManyMappings { op, count: map.len(), limit: MAX_MAP_COUNT });
-        }
-        let start =
-            if fixed { hint } else { unmapped_area(&map, hint, len).ok_or(Error::NoAddressSpace { op, addr, len })? };
+        let (mut map, start) = if fixed {
+            let map = self.map_write(ctx, hint, hint.saturating_add(len));
+            self.check_count(op)?;
+            (map, hint)
+        } else {
+            let Some(placed) = self.placed(ctx, hint, len) else {
+                return Err(Error::NoAddressSpace { op, addr, len });
+            };
+            placed?
+        };
         if start > TASK_SIZE - len {
             return Err(Error::NoAddressSpace { op, addr: start, len });
         }
@@ -193,6 +198,75 @@ impl Space {
         let populate = (flags.contains(MapFlags::POPULATE) && !prot.is_empty())
             .then(|| if prot.contains(Prot::WRITE) && !shared { Access::Write } else { Access::Read });
         Ok((start, populate))
+    }
+}
+
+impl Space {
+    /// `ENOMEM` if the space has more than `MAX_MAP_COUNT` VMAs.
+    fn check_count(&self, op: Op) -> Result<()> {
+        if let Some(count) = self.zones.vmas_above(MAX_MAP_COUNT) {
+            return Err(Error::TooManyMappings { op, count, limit: MAX_MAP_COUNT });
+        }
+        Ok(())
+    }
+
+    /// Where a mapping of `len` bytes without `MAP_FIXED` goes (Linux's
+    /// `get_unmapped_area`: `hint` if that range is free, else top-down
+    /// below `MMAP_BASE`), with the map lock of its zones held for writing;
+    /// none if no gap fits; an error if there are too many mappings.
+    ///
+    /// With one zone: locked first, then searched. With zones
+    /// (`zones.rs`, "Placement"): searched in the published snapshots with
+    /// no lock, then locked and checked; a range a change took meanwhile
+    /// is searched for again. If a zone of the range is held by another
+    /// change, the search goes on below that zone instead of waiting (a
+    /// hint is waited for), at most `PLACEMENT_DETOURS` times.
+    fn placed(&self, ctx: &Ctx<'_>, hint: u64, len: u64) -> Option<Result<(MapWrite<'_>, u64)>> {
+        /// Busy zones an mmap avoids before it waits for one.
+        const PLACEMENT_DETOURS: u32 = 4;
+        if !self.zones.split() {
+            let map = self.map_write(ctx, 0, TASK_SIZE);
+            if let Err(e) = self.check_count(Op::Mmap) {
+                return Some(Err(e));
+            }
+            return unmapped_area(&map, hint, len, MMAP_BASE).map(|start| Ok((map, start)));
+        }
+        if let Err(e) = self.check_count(Op::Mmap) {
+            return Some(Err(e));
+        }
+        let (mut high, mut detours) = (MMAP_BASE, 0);
+        loop {
+            let start = {
+                let section = ctx.rcu_read();
+                unmapped_area(&self.zones.published(&section), hint, len, high)
+            };
+            let start = match start {
+                Some(s) => s,
+                // Nothing below the busy zones: wait for Linux's answer.
+                None if high < MMAP_BASE => {
+                    (high, detours) = (MMAP_BASE, PLACEMENT_DETOURS);
+                    continue;
+                }
+                None => return None,
+            };
+            let end = start + len;
+            let map = if start == hint || detours >= PLACEMENT_DETOURS {
+                self.map_write(ctx, start, end)
+            } else {
+                match self.try_map_write(ctx, start, end) {
+                    Ok(map) => map,
+                    Err(busy) => {
+                        ctx.count(Counter::placement_detours);
+                        high = high.min(self.zones.geo().start_of(busy));
+                        detours += 1;
+                        continue;
+                    }
+                }
+            };
+            if !map.intersects(start, end) {
+                return Some(Ok((map, start)));
+            }
+        }
     }
 }
 

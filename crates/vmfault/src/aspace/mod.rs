@@ -36,9 +36,9 @@ mod ptree;
 mod rmap;
 pub(crate) use rmap::unmap_everywhere_unlocked;
 pub(crate) mod vma;
+mod zones;
 
-use std::ops::{Deref, DerefMut};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLockWriteGuard};
 
 use crate::config::FaultPath;
 use crate::error::{Error, Op, Result};
@@ -46,11 +46,12 @@ use crate::phys::Pfn;
 use crate::pmap::Pmap;
 use crate::stats::Counter;
 use crate::sync::rank::{self, Rank, Ranked};
-use crate::sync::rcu::{RcuArc, RcuReadGuard, Retired};
+use crate::sync::rcu::RcuReadGuard;
 use crate::types::MappingInfo;
 use crate::vm::{Ctx, Vm};
 pub use hold::PageHold;
-use vma::{Snapshot, SnapshotNode, SnapshotRef, Vma, VmaFlags, VmaTree};
+use vma::{Lookup, SnapshotRef, Vma, VmaFlags, VmaIndex, VmaTree};
+pub(crate) use zones::{HeldView, MapHeld, MapRead, Zones};
 
 /// Retired snapshots that make an operation wait for a grace period.
 const SNAPSHOT_BACKLOG: usize = 32;
@@ -94,26 +95,25 @@ pub struct AddressSpace {
 pub(crate) struct Space {
     /// `[I]` the machine.
     pub(crate) vm: crate::vm::Handle,
-    /// `[M]` the map lock and the VMA index it protects.
-    map: RwLock<VmaTree>,
+    /// `[S]` the map locks, each over the VMAs of its zone, with their
+    /// snapshots, and the per-vCPU retired snapshots and VMA counts
+    /// (`zones.rs`).
+    pub(crate) zones: Zones,
     /// The page table (entries `[P]`, see `pmap`).
     pub(crate) pmap: Pmap,
     /// `[L]` serializes the creation of private anonymous objects (Linux takes
     /// `page_table_lock` in `anon_vma_prepare`). Inner to the map lock.
     anon_lock: Mutex<()>,
-    /// `[a]` the VMA index as lockless faults see it (RCU: read inside a
-    /// section; replaced under the map write lock after every change).
-    snapshot: RcuArc<SnapshotNode>,
-    /// `[L]` replaced snapshots waiting for a grace period (inner to the map lock).
-    retired: Mutex<Vec<Retired<Snapshot>>>,
-    /// `[I]` whether faults look VMAs up without the map lock (so snapshots
-    /// must be published).
-    lockless: bool,
+    /// `[I]` whether changes publish snapshots of their zones' indexes:
+    /// for faults that look VMAs up without the map lock, and for the
+    /// lockless placement search of `map_lock=zoned`.
+    publish: bool,
 }
 
-/// The map lock held for writing. Any mutable use of the index marks it
-/// changed; dropping the guard then publishes a new snapshot for lockless
-/// faults (before the lock is released).
+/// The map lock of the zones a change touches, held for writing. Any
+/// mutable use of a zone's index marks it changed; dropping the guard then
+/// publishes a new snapshot of it for lockless readers (before the lock is
+/// released).
 ///
 /// Its `carve` and `renew` wrap the index's `*_no_wait` ones: after retiring the VMAs
 /// they replace, they wait for the per-VMA read-lockers still inside them
@@ -121,49 +121,105 @@ pub(crate) struct Space {
 /// those VMAs mapped. Merges need no wait: they change no PTE.
 pub(crate) struct MapWrite<'a> {
     space: &'a Space,
-    guard: Ranked<RwLockWriteGuard<'a, VmaTree>>,
-    changed: bool,
+    view: HeldView<'a, Ranked<RwLockWriteGuard<'a, VmaTree>>>,
+    /// Zones changed: bit `i` is zone `first + i` (bit 63 stands for every
+    /// zone from `first + 63` on).
+    changed: u64,
+    /// The holder's vCPU slot (where its retired snapshots and its count
+    /// of VMAs go).
+    slot: usize,
+    /// VMAs put in less VMAs taken out.
+    added: isize,
 }
 
-impl Deref for MapWrite<'_> {
-    type Target = VmaTree;
-    fn deref(&self) -> &VmaTree {
-        &self.guard
+impl Lookup for MapWrite<'_> {
+    #[inline]
+    fn find_from(&self, addr: u64) -> Option<&Arc<Vma>> {
+        zones::find_from_held(self, addr)
+    }
+
+    fn prev_of(&self, addr: u64) -> Option<&Arc<Vma>> {
+        zones::prev_of_held(self, addr)
     }
 }
 
-impl DerefMut for MapWrite<'_> {
-    fn deref_mut(&mut self) -> &mut VmaTree {
-        self.changed = true;
-        &mut self.guard
+impl MapHeld for MapWrite<'_> {
+    fn zones(&self) -> &Zones {
+        &self.space.zones
+    }
+
+    fn held(&self) -> (usize, usize) {
+        self.view.held()
+    }
+
+    #[inline]
+    fn tree(&self, z: usize) -> Option<&VmaTree> {
+        self.view.tree(z)
     }
 }
 
-/// The map lock held, for reading or for writing: a function whose
-/// precondition is "the map lock is held" takes the guard (`&impl
-/// MapHeld`), so the precondition is a type; one that needs it held for
-/// writing takes `&MapWrite`.
-pub(crate) trait MapHeld: Deref<Target = VmaTree> {}
+/// A VMA goes into the index of every zone it touches (`zones.rs`), and
+/// is recorded on its object once, by the index of its first zone.
+impl VmaIndex for MapWrite<'_> {
+    fn put(&mut self, vma: Arc<Vma>) {
+        let (first, last) = self.space.zones.span(vma.start, vma.end);
+        if first == last {
+            let tree = self.tree_mut(first);
+            tree.record(&vma);
+            tree.put_only(vma);
+            self.added += 1;
+            return;
+        }
+        self.tree_mut(first).record(&vma);
+        for z in first..=last {
+            let tree = self.tree_mut(z);
+            tree.crossing += usize::from(first != last);
+            tree.put_only(vma.clone());
+        }
+        self.added += 1;
+    }
 
-impl MapHeld for MapWrite<'_> {}
-
-impl MapHeld for Ranked<RwLockReadGuard<'_, VmaTree>> {}
+    fn take(&mut self, vma: &Vma) -> Arc<Vma> {
+        let (first, last) = self.space.zones.span(vma.start, vma.end);
+        let tree = self.tree_mut(first);
+        let taken = tree.take_only(vma);
+        tree.forget(&taken);
+        self.added -= 1;
+        if first == last {
+            return taken;
+        }
+        for z in first + 1..=last {
+            self.tree_mut(z).take_only(vma);
+        }
+        for z in first..=last {
+            self.tree_mut(z).crossing -= 1;
+        }
+        taken
+    }
+}
 
 impl MapWrite<'_> {
-    /// [`VmaTree::carve_no_wait`], then wait for the read-lockers of the VMAs it
-    /// removed or split.
+    /// The index of zone `z` (held), to change: marks it changed.
+    fn tree_mut(&mut self, z: usize) -> &mut VmaTree {
+        let (first, _) = self.view.held();
+        self.changed |= 1 << (z - first).min(63);
+        self.view.held.get_mut(z).expect("a change outside the zones it locked")
+    }
+
+    /// [`VmaIndex::carve_no_wait`], then wait for the read-lockers of the
+    /// VMAs it removed or split.
     pub(crate) fn carve(&mut self, start: u64, end: u64) -> Vec<Arc<Vma>> {
         let span = self.span(start, end);
-        let carved = self.deref_mut().carve_no_wait(start, end);
+        let carved = self.carve_no_wait(start, end);
         self.wait_readers(span);
         carved
     }
 
-    /// [`VmaTree::renew_no_wait`], then wait for the read-lockers of the VMAs it
-    /// replaced.
+    /// [`VmaIndex::renew_no_wait`], then wait for the read-lockers of the
+    /// VMAs it replaced.
     pub(crate) fn renew(&mut self, start: u64, end: u64) -> Vec<Arc<Vma>> {
         let span = self.span(start, end);
-        let renewed = self.deref_mut().renew_no_wait(start, end);
+        let renewed = self.renew_no_wait(start, end);
         self.wait_readers(span);
         renewed
     }
@@ -172,11 +228,16 @@ impl MapWrite<'_> {
     /// or renew of the range retires), if there are any.
     fn span(&self, start: u64, end: u64) -> Option<(u64, u64)> {
         // Lookups, not an iteration: this runs on every munmap.
-        let map = &*self.guard;
-        map.find_from(start).filter(|v| v.start < end)?;
-        let lo = map.find(start).map_or(start, |v| v.start);
-        let hi = map.find(end - 1).map_or(end, |v| v.end);
+        self.find_from(start).filter(|v| v.start < end)?;
+        let lo = self.find(start).map_or(start, |v| v.start);
+        let hi = self.find(end - 1).map_or(end, |v| v.end);
         Some((lo, hi))
+    }
+
+    /// The addresses the held zones cover, as (start, end).
+    pub(crate) fn reach(&self) -> (u64, u64) {
+        let (first, last) = self.view.held();
+        (self.space.zones.start_of(first), self.space.zones.end_of(last))
     }
 
     /// The TLB shootdown for `narrowed` PTEs this operation narrowed (write
@@ -208,12 +269,20 @@ impl MapWrite<'_> {
 impl Drop for MapWrite<'_> {
     fn drop(&mut self) {
         let s = self.space;
-        // Every PTE this operation cleared or narrowed is done, every new
-        // VMA linked: the old records can go.
-        self.guard.flush_unlinks();
-        if self.changed && s.lockless {
-            let old = s.snapshot.replace(&s.vm.m.rcu, self.guard.snapshot());
-            rank::lock(&s.retired, Rank::Leaf).push(old);
+        let (first, _) = self.view.held();
+        let (changed, publish) = (self.changed, s.publish);
+        let retired = &s.zones.cpus[self.slot].retired;
+        self.view.held.for_each_mut(|z, tree| {
+            // Every PTE this operation cleared or narrowed is done, every new
+            // VMA linked: the old records can go.
+            tree.flush_unlinks();
+            if publish && changed & (1 << (z - first).min(63)) != 0 {
+                let old = s.zones.zone(z).snapshot.replace(&s.vm.m.rcu, tree.snapshot());
+                rank::lock(retired, Rank::Leaf).push(old);
+            }
+        });
+        if self.added != 0 {
+            s.zones.count(self.slot, self.added);
         }
     }
 }
@@ -223,18 +292,19 @@ impl AddressSpace {
         let pmap = vm
             .with_ctx(|ctx| Pmap::new(&ctx.frames()))
             .map_err(|_| Error::NoMemory { op: Op::NewSpace, what: "a page-table root" })?;
-        let lockless = vm.m.config.fault_path != FaultPath::MapLock;
-        let backing = vm.m.config.rmap == crate::config::Rmap::Backing;
+        let config = &vm.m.config;
+        let zoned = config.map_lock == crate::config::MapLock::Zoned;
+        let publish = config.fault_path != FaultPath::MapLock || zoned;
+        let backing = config.rmap == crate::config::Rmap::Backing;
+        let shift = if zoned { zones::ZONE_SHIFT } else { 64 };
         let s = Arc::new_cyclic(|me: &std::sync::Weak<Space>| {
             let owner = backing.then(|| vma::Owner { space: me.clone(), id: me.as_ptr().addr() as u64 });
             Space {
                 vm: vm.handle(),
-                map: RwLock::new(VmaTree::recorded(owner)),
+                zones: Zones::new(shift, owner.as_ref(), config.cpus),
                 pmap,
                 anon_lock: Mutex::new(()),
-                snapshot: RcuArc::new(None),
-                retired: Mutex::new(Vec::new()),
-                lockless,
+                publish,
             }
         });
         rank::lock(&vm.m.spaces, Rank::Leaf).insert(s.id(), Arc::downgrade(&s));
@@ -248,7 +318,7 @@ impl AddressSpace {
 
     /// The mappings, in address order, as `/proc/self/maps` lists them.
     pub fn mappings(&self) -> Vec<MappingInfo> {
-        self.s.vm.with_ctx(|ctx| self.s.map_read(ctx).infos())
+        self.s.vm.with_ctx(|ctx| self.s.infos(ctx))
     }
 
     /// Page-table pages this space uses (the root included).
@@ -270,39 +340,123 @@ impl Space {
         std::ptr::from_ref(self).addr() as u64
     }
 
-    /// Take the map lock for reading (counted).
-    pub(crate) fn map_read(&self, ctx: &Ctx<'_>) -> Ranked<RwLockReadGuard<'_, VmaTree>> {
+    /// Take the map lock of the zones of `start..end` for reading (counted).
+    pub(crate) fn map_read(&self, ctx: &Ctx<'_>, start: u64, end: u64) -> MapRead<'_> {
         ctx.count(Counter::map_lock_acquisitions);
-        self.map_read_uncounted()
+        self.map_read_uncounted(start, end)
     }
 
-    /// Take the map lock for reading, not counted (statistics, and
-    /// callers without a vCPU).
-    pub(crate) fn map_read_uncounted(&self) -> Ranked<RwLockReadGuard<'_, VmaTree>> {
-        Ranked::take(Rank::Map, || self.map.read().unwrap_or_else(|p| p.into_inner()))
+    /// Take the map lock of the zones of `start..end` for reading, not
+    /// counted (statistics, and callers without a vCPU).
+    pub(crate) fn map_read_uncounted(&self, start: u64, end: u64) -> MapRead<'_> {
+        let (first, last) = self.zones.span(start, end);
+        HeldView { zones: &self.zones, held: self.zones.read(first, last) }
     }
 
-    /// Take the map lock of a space nobody else can reach yet (the child
-    /// of a `fork`, under its parent's), for writing (counted).
+    /// Take the map lock of every zone for reading, not counted.
+    pub(crate) fn map_read_all(&self) -> MapRead<'_> {
+        HeldView { zones: &self.zones, held: self.zones.read(0, self.zones.len() - 1) }
+    }
+
+    /// A write guard over `held`, for the vCPU of `ctx` (counted).
+    fn map_write_held<'a>(
+        &'a self,
+        ctx: &Ctx<'_>,
+        held: zones::Held<Ranked<RwLockWriteGuard<'a, VmaTree>>>,
+    ) -> MapWrite<'a> {
+        ctx.count(Counter::map_lock_acquisitions);
+        ctx.count(Counter::map_lock_writes);
+        let slot = ctx.index.min(self.zones.cpus.len() - 1);
+        MapWrite { space: self, view: HeldView { zones: &self.zones, held }, changed: 0, slot, added: 0 }
+    }
+
+    /// Take the map lock of every zone of a space nobody else can reach
+    /// yet (the child of a `fork`, under its parent's), for writing (counted).
     pub(crate) fn map_write_unreachable(&self, ctx: &Ctx<'_>) -> MapWrite<'_> {
-        ctx.count(Counter::map_lock_acquisitions);
-        ctx.count(Counter::map_lock_writes);
-        let guard = Ranked::take_unreachable(Rank::Map, || self.map.write().unwrap_or_else(|p| p.into_inner()));
-        MapWrite { space: self, guard, changed: false }
+        self.map_write_held(ctx, self.zones.write_unreachable(0, self.zones.len() - 1))
     }
 
-    /// Take the map lock for writing (counted).
-    pub(crate) fn map_write(&self, ctx: &Ctx<'_>) -> MapWrite<'_> {
-        ctx.count(Counter::map_lock_acquisitions);
-        ctx.count(Counter::map_lock_writes);
-        let guard = Ranked::take(Rank::Map, || self.map.write().unwrap_or_else(|p| p.into_inner()));
-        MapWrite { space: self, guard, changed: false }
+    /// Take the map lock for writing of every zone a change of
+    /// `start..end` needs (counted): those of the range and of every VMA
+    /// that touches it, the neighbours it may merge with included
+    /// (`zones.rs`). With one zone, that one.
+    pub(crate) fn map_write(&self, ctx: &Ctx<'_>, start: u64, end: u64) -> MapWrite<'_> {
+        match self.map_write_needed(ctx, start, end, false) {
+            Ok(map) => map,
+            Err(_) => unreachable!("a blocking lock is never busy"),
+        }
     }
 
-    /// The VMA index as lockless faults see it, for the section's length.
+    /// [`map_write`](Self::map_write) if no other thread holds one of
+    /// those zones; else the first zone held.
+    pub(crate) fn try_map_write(
+        &self,
+        ctx: &Ctx<'_>,
+        start: u64,
+        end: u64,
+    ) -> std::result::Result<MapWrite<'_>, usize> {
+        self.map_write_needed(ctx, start, end, true)
+    }
+
+    fn map_write_needed(
+        &self,
+        ctx: &Ctx<'_>,
+        start: u64,
+        end: u64,
+        try_only: bool,
+    ) -> std::result::Result<MapWrite<'_>, usize> {
+        let lock = |first, last| {
+            if try_only { self.zones.try_write(first, last) } else { Ok(self.zones.write(first, last)) }
+        };
+        if !self.zones.split() {
+            return Ok(self.map_write_held(ctx, lock(0, 0)?));
+        }
+        // The zones of the range and a byte on each side first (VMAs that
+        // cross a zone edge are rare), then the check under their locks: a
+        // VMA there that reaches into another zone means more zones.
+        let mut want = zones::extent(|_| None, start, end);
+        loop {
+            let (first, last) = self.zones.span(want.0, want.1);
+            let map = self.map_write_held(ctx, lock(first, last)?);
+            if (first..=last).all(|z| map.tree(z).is_some_and(|t| t.crossing == 0)) {
+                // Every VMA of these zones lies inside them.
+                return Ok(map);
+            }
+            let got = zones::extent(|a| map.find(a).map(|v| (v.start, v.end)), start, end);
+            let (f, l) = self.zones.span(got.0, got.1);
+            if first <= f && l <= last {
+                return Ok(map);
+            }
+            drop(map);
+            want = (want.0.min(got.0), want.1.max(got.1));
+        }
+    }
+
+    /// Take the map lock of every zone for writing (counted).
+    pub(crate) fn map_write_all(&self, ctx: &Ctx<'_>) -> MapWrite<'_> {
+        self.map_write_held(ctx, self.zones.write(0, self.zones.len() - 1))
+    }
+
+    /// The VMA index of `addr`'s zone as lockless faults see it, for the
+    /// section's length.
     #[inline]
-    pub(crate) fn snapshot<'a>(&'a self, section: &'a RcuReadGuard<'_>) -> SnapshotRef<'a> {
-        SnapshotRef(self.snapshot.read(section))
+    pub(crate) fn snapshot<'a>(&'a self, section: &'a RcuReadGuard<'_>, addr: u64) -> SnapshotRef<'a> {
+        self.zones.snapshot(section, addr)
+    }
+
+    /// The mappings as `/proc/self/maps` lists them: each zone's VMAs in
+    /// turn (each zone read-locked while it is read), a VMA that crosses
+    /// zone edges listed with its first zone.
+    pub(crate) fn infos(&self, ctx: &Ctx<'_>) -> Vec<MappingInfo> {
+        let geo = self.zones.geo();
+        let mut out = Vec::new();
+        for z in 0..self.zones.len() {
+            let (start, end) = (geo.start_of(z), geo.end_of(z));
+            let map =
+                if z == 0 { self.map_read(ctx, start, start + 1) } else { self.map_read_uncounted(start, start + 1) };
+            out.extend(map.overlapping(start, end).filter(|v| z == 0 || v.start >= start).map(|v| v.info()));
+        }
+        out
     }
 
     /// Take the anon lock (see the field).
@@ -354,7 +508,8 @@ impl Space {
             // What this vCPU queued before and has aged since (no wait).
             d.drop_aged_of(ctx.index.min(d.unowned()), rcu, false);
         }
-        let mut retired = rank::lock(&self.retired, Rank::Leaf);
+        let mine = &self.zones.cpus[ctx.index.min(self.zones.cpus.len() - 1)].retired;
+        let mut retired = rank::lock(mine, Rank::Leaf);
         if retired.is_empty() || (retired.len() < RECLAIM_BATCH && !objects_gone) {
             return;
         }
@@ -391,7 +546,7 @@ impl Space {
         // while holding the map lock).
         let done = rcu.reclaim(&mut list, true);
         if !list.is_empty() {
-            rank::lock(&self.retired, Rank::Leaf).append(&mut list);
+            rank::lock(mine, Rank::Leaf).append(&mut list);
         }
         self.drop_aged(ctx, done);
     }
@@ -445,17 +600,26 @@ impl Drop for Space {
         // VMAs (their objects free their pages) and the page table.
         let id = self.id();
         rank::lock(&self.vm.m.spaces, Rank::Leaf).remove(&id);
-        let locked =
-            self.map.get_mut().unwrap_or_else(|p| p.into_inner()).iter().any(|v| v.flags.contains(VmaFlags::LOCKED));
+        let geo = self.zones.geo();
+        let mut vmas: Vec<Arc<Vma>> = Vec::new();
+        for (z, tree) in self.zones.trees_mut().enumerate() {
+            // Each VMA once: from the index of its first zone.
+            vmas.extend(tree.take_all_only().into_iter().filter(|v| geo.zone_of(v.start) == z));
+            if let Some(owner) = tree.owner() {
+                vmas.iter().filter(|v| geo.zone_of(v.start) == z).for_each(|v| owner.unlink(v));
+            }
+        }
+        let locked = vmas.iter().any(|v| v.flags.contains(VmaFlags::LOCKED));
         let m = &self.vm.m;
         if m.config.rmap == crate::config::Rmap::PvEntry || locked {
             self.pmap.zap(&m.phys, 0, crate::types::TASK_SIZE, |addr, pte| pte_cleared(m, id, addr, pte));
         }
-        let vmas = self.map.get_mut().unwrap_or_else(|p| p.into_inner()).take_all();
         file::write_back_at_exit(&self.vm.m, &vmas);
         drop(vmas);
-        let mut retired = std::mem::take(self.retired.get_mut().unwrap_or_else(|p| p.into_inner()));
-        drop(self.vm.m.rcu.reclaim(&mut retired, true));
+        for cpu in self.zones.cpus.iter_mut() {
+            let mut retired = std::mem::take(cpu.0.retired.get_mut().unwrap_or_else(|p| p.into_inner()));
+            drop(self.vm.m.rcu.reclaim(&mut retired, true));
+        }
         let mut frames = self.vm.m.take_orphans();
         let phys = &self.vm.m.phys;
         self.pmap.teardown(phys, &mut frames);

@@ -16,6 +16,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
+use super::vma::{Lookup, VmaIndex};
 use super::vma::{Vma, VmaFlags};
 use super::{AddressSpace, MapWrite, Space};
 use crate::error::{Error, Op, Result};
@@ -102,7 +103,7 @@ impl Space {
             // The VMA lookup comes first (`ENOMEM` on a hole); then no VMA
             // here grows (vmfault has no `MAP_GROWSDOWN`, and x86 no
             // `VM_GROWSUP`): `EINVAL`.
-            let map = self.map_read(ctx);
+            let map = self.map_read(ctx, addr, end);
             let vma = map.find_from(addr).filter(|v| v.start < end);
             let Some(vma) = vma else { return Err(Error::NotMapped { op, addr, end }) };
             if grows == PROT_GROWSUP && vma.start > addr {
@@ -113,7 +114,7 @@ impl Space {
         let mut changes = Changes::default();
         let mut populate = Vec::new();
         let result = {
-            let mut map = self.map_write(ctx);
+            let mut map = self.map_write(ctx, addr, end);
             let f = |v: &Vma| {
                 if v.flags.contains(VmaFlags::LOCKED)
                     && !v.is_shared()

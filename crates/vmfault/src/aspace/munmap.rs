@@ -9,6 +9,7 @@
 
 use std::sync::Arc;
 
+use super::vma::Lookup;
 use super::vma::Vma;
 use super::{AddressSpace, MapWrite, Space};
 use crate::error::{Error, Op, Result};
@@ -47,7 +48,7 @@ impl Space {
         let mut frames = Vec::new();
         let mut ptes = 0;
         let carved = {
-            let mut map = self.map_write(ctx);
+            let mut map = self.map_write(ctx, addr, end);
             self.reserve_holes_locked(ctx, &map, op, addr, end)?;
             let carved = map.carve(addr, end);
             if !carved.is_empty() {
@@ -138,8 +139,11 @@ impl Space {
         }
         if prune {
             let (first, last) = (carved[0].start, carved[carved.len() - 1].end);
-            let floor = map.prev_of(first).map_or(0, |p| p.end);
-            let ceiling = map.find_from(last).map_or(u64::MAX, |n| n.start);
+            // Inside the zones held: a table of another zone's may be in use
+            // by a change there (`zones.rs`).
+            let (low, high) = map.reach();
+            let floor = map.prev_of(first).map_or(low, |p| p.end.max(low));
+            let ceiling = map.find_from(last).map_or(high, |n| n.start.min(high));
             self.pmap.prune(phys, first, last, floor, ceiling, frames);
         }
         ptes

@@ -75,6 +75,22 @@ pub(crate) fn first_above<V>(root: Option<&Node<V>>, key: u64) -> Option<(u64, &
     best.map(|n| (n.key, &n.val))
 }
 
+/// The entry with the largest key at or below `key` in the version rooted
+/// at `root`.
+pub(crate) fn last_at_or_below<V>(root: Option<&Node<V>>, key: u64) -> Option<(u64, &V)> {
+    let mut best = None;
+    let mut cur = root;
+    while let Some(n) = cur {
+        if n.key <= key {
+            best = Some(n);
+            cur = n.right.as_deref();
+        } else {
+            cur = n.left.as_deref();
+        }
+    }
+    best.map(|n| (n.key, &n.val))
+}
+
 /// SplitMix64's finalizer: a bijective mix of 64 bits.
 fn mix(mut x: u64) -> u64 {
     x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -85,6 +101,7 @@ fn mix(mut x: u64) -> u64 {
 
 impl<V: Clone> PTree<V> {
     /// Number of entries.
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn len(&self) -> usize {
         self.len
     }
@@ -115,20 +132,11 @@ impl<V: Clone> PTree<V> {
 
     /// The entry with the largest key at or below `key`.
     pub(crate) fn last_at_or_below(&self, key: u64) -> Option<(u64, &V)> {
-        let mut best = None;
-        let mut cur = self.root.as_deref();
-        while let Some(n) = cur {
-            if n.key <= key {
-                best = Some(n);
-                cur = n.right.as_deref();
-            } else {
-                cur = n.left.as_deref();
-            }
-        }
-        best.map(|n| (n.key, &n.val))
+        last_at_or_below(self.root.as_deref(), key)
     }
 
     /// Entries with keys above `key`, ascending.
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn iter_above(&self, key: u64) -> Iter<'_, V> {
         let mut stack = Vec::new();
         let mut cur = self.root.as_deref();
@@ -149,6 +157,7 @@ impl<V: Clone> PTree<V> {
     }
 
     /// Every entry, descending.
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn iter_rev(&self) -> Iter<'_, V> {
         Iter::edge(self.root.as_deref(), false)
     }

@@ -21,6 +21,7 @@
 
 use std::sync::Arc;
 
+use super::vma::Lookup;
 use super::{AddressSpace, Space};
 use crate::config::Rmap;
 use crate::object::{ObjRmap, Object};
@@ -53,7 +54,7 @@ fn for_each_pte(m: &Machine, o: &Arc<Object>, pages: &[(u64, Pfn)], mut f: impl 
             // The space's map lock keeps its page tables from being pruned
             // and freed under the walk (no RCU section here: callers may
             // have no vCPU). Callers hold no map lock.
-            let _map = space.map_read_uncounted();
+            let _map = space.map_read_uncounted(addr, addr + PAGE_SIZE);
             changed += space.pmap.update_range(phys, addr, addr + PAGE_SIZE, |a, old| {
                 if old.pfn() == pfn { f(id, a, old) } else { old }
             });
@@ -138,7 +139,7 @@ impl AddressSpace {
         let s = &self.s;
         s.vm.with_ctx(|ctx| {
             let found = {
-                let map = s.map_read(ctx);
+                let map = s.map_read(ctx, addr, addr + PAGE_SIZE);
                 let section = ctx.rcu_read();
                 let v = map.find(addr);
                 let pte = s.pmap.translate(&ctx.m.phys, addr, crate::Access::Read);

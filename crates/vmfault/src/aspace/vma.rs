@@ -166,6 +166,10 @@ pub(crate) struct VmaTree {
     /// their PTEs and linked the replacements, a reverse-map walk must
     /// still find them (duplicates are harmless: walks check each PTE).
     pending: Vec<(Arc<Object>, crate::object::BackingKey)>,
+    /// VMAs here that reach beyond this index's zone (`map_lock=zoned`;
+    /// kept by `MapWrite`): while there are none, a change needs no
+    /// lookup to know which zones it must lock (`Space::map_write`).
+    pub(crate) crossing: usize,
 }
 
 /// The space a [`VmaTree`] records its mappings for.
@@ -185,93 +189,67 @@ impl Owner {
         }
     }
 
+    /// Forget the record of `v` (no longer mapped in this space).
+    pub(crate) fn unlink(&self, v: &Vma) {
+        if let Some(o) = v.object.get() {
+            o.unlink(self.key(v));
+        }
+    }
+
     fn key(&self, v: &Vma) -> crate::object::BackingKey {
         (self.id, v.start, v.end, v.pgoff)
     }
 }
 
-impl VmaTree {
-    /// An empty index whose VMAs are recorded on their objects' reverse maps.
-    pub(crate) fn recorded(owner: Option<Owner>) -> VmaTree {
-        VmaTree { by_end: PTree::default(), owner, pending: Vec::new() }
-    }
-
-    /// The space this index records its mappings for, if it does.
-    pub(crate) fn owner(&self) -> Option<&Owner> {
-        self.owner.as_ref()
-    }
-
-    /// Put a VMA in the tree (recording it).
-    fn put(&mut self, vma: Arc<Vma>) {
-        if let Some(w) = &self.owner {
-            w.link(&vma);
-        }
-        // A VMA displaced here would never be retired nor zapped, and its
-        // object could free pages its PTEs still map: a real check.
-        let (start, end) = (vma.start, vma.end);
-        let displaced = self.by_end.insert(vma.end, vma);
-        assert!(displaced.is_none(), "a VMA ending at {end:#x} was displaced by {start:#x}..{end:#x}");
-    }
-
-    /// Take the VMA ending at `end` out of the tree (forgetting its record).
-    fn take(&mut self, end: u64) -> Option<Arc<Vma>> {
-        let v = self.by_end.remove(end)?;
-        if let (Some(w), Some(o)) = (&self.owner, v.object.get()) {
-            self.pending.push((o.clone(), w.key(&v)));
-        }
-        Some(v)
-    }
-
-    /// Forget the records of the VMAs taken out so far (see `pending`).
-    pub(crate) fn flush_unlinks(&mut self) {
-        for (o, key) in self.pending.drain(..) {
-            o.unlink(key);
-        }
-    }
-
-    /// Number of VMAs.
-    pub(crate) fn len(&self) -> usize {
-        self.by_end.len()
-    }
-
+/// Looking VMAs up, in one index or in the zones a change holds.
+pub(crate) trait Lookup {
     /// The first VMA that ends above `addr` (it may start above it too).
-    pub(crate) fn find_from(&self, addr: u64) -> Option<&Arc<Vma>> {
-        self.by_end.first_above(addr).map(|(_, v)| v)
-    }
+    fn find_from(&self, addr: u64) -> Option<&Arc<Vma>>;
+
+    /// The last VMA that ends at or below `addr`.
+    fn prev_of(&self, addr: u64) -> Option<&Arc<Vma>>;
 
     /// The VMA containing `addr`.
     #[inline]
-    pub(crate) fn find(&self, addr: u64) -> Option<&Arc<Vma>> {
+    fn find(&self, addr: u64) -> Option<&Arc<Vma>> {
         self.find_from(addr).filter(|v| v.start <= addr)
     }
 
-    /// The last VMA that ends at or below `addr`.
-    pub(crate) fn prev_of(&self, addr: u64) -> Option<&Arc<Vma>> {
-        self.by_end.last_at_or_below(addr).map(|(_, v)| v)
-    }
-
     /// Whether any VMA intersects `start..end`.
-    pub(crate) fn intersects(&self, start: u64, end: u64) -> bool {
+    fn intersects(&self, start: u64, end: u64) -> bool {
         self.find_from(start).is_some_and(|v| v.start < end)
     }
 
-    /// The VMAs intersecting `start..end`, in order.
-    pub(crate) fn overlapping(&self, start: u64, end: u64) -> impl Iterator<Item = &Arc<Vma>> {
-        self.by_end.iter_above(start).map(|(_, v)| v).take_while(move |v| v.start < end)
+    /// The VMAs intersecting `start..end`, in order: one lookup per VMA
+    /// (no allocation).
+    fn overlapping(&self, start: u64, end: u64) -> impl Iterator<Item = &Arc<Vma>> {
+        let mut pos = start;
+        std::iter::from_fn(move || {
+            let v = self.find_from(pos).filter(|v| v.start < end)?;
+            pos = v.end;
+            Some(v)
+        })
     }
 
-    /// All VMAs in address order.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = &Arc<Vma>> {
-        values(self.by_end.iter())
+    /// Every VMA, in address order.
+    fn iter(&self) -> impl Iterator<Item = &Arc<Vma>> {
+        self.overlapping(0, u64::MAX)
     }
+}
 
-    /// All VMAs, highest first.
-    pub(crate) fn iter_rev(&self) -> impl Iterator<Item = &Arc<Vma>> {
-        values(self.by_end.iter_rev())
-    }
+/// Changing an index: the two primitives, and the changes every operation
+/// is made of, built on them (the same for one tree and for the zones a
+/// change holds, `aspace/zones.rs`).
+pub(crate) trait VmaIndex: Lookup {
+    /// Put a VMA in (recording it on its object's reverse map); it must
+    /// not overlap any other.
+    fn put(&mut self, vma: Arc<Vma>);
+
+    /// Take `vma` out (forgetting its record once the change is done).
+    fn take(&mut self, vma: &Vma) -> Arc<Vma>;
 
     /// Insert a VMA; it must not overlap any other.
-    pub(crate) fn insert(&mut self, vma: Arc<Vma>) {
+    fn insert(&mut self, vma: Arc<Vma>) {
         assert!(!self.intersects(vma.start, vma.end), "overlapping VMA insert {:#x}..{:#x}", vma.start, vma.end);
         self.put(vma);
     }
@@ -281,14 +259,14 @@ impl VmaTree {
     /// its read lock are waited for by `MapWrite::carve`/`renew`, before
     /// anything it mapped changes.
     fn remove(&mut self, vma: &Vma) -> Arc<Vma> {
-        let v = self.take(vma.end).expect("VMA not in the index");
+        let v = self.take(vma);
         v.state.retire();
         v
     }
 
     /// Replace `old` by `new` (same range), retiring `old`. Does not wait
     /// for its read-lockers: the caller does, before changing its PTEs.
-    pub(crate) fn replace_no_wait(&mut self, old: &Vma, new: Arc<Vma>) -> Arc<Vma> {
+    fn replace_no_wait(&mut self, old: &Vma, new: Arc<Vma>) -> Arc<Vma> {
         // Holds: the one caller (fork) builds `new` from `old`'s range.
         debug_assert_eq!((old.start, old.end), (new.start, new.end));
         let old = self.remove(old);
@@ -300,26 +278,23 @@ impl VmaTree {
     /// retiring the old ones: for operations that change what a VMA maps
     /// without changing the VMA (`MADV_DONTNEED`). Returns the old ones.
     /// Does not wait for their read-lockers: `MapWrite::renew` does.
-    pub(crate) fn renew_no_wait(&mut self, start: u64, end: u64) -> Vec<Arc<Vma>> {
-        let hit: Vec<Arc<Vma>> = self.overlapping(start, end).cloned().collect();
-        for v in &hit {
-            self.remove(v);
+    fn renew_no_wait(&mut self, start: u64, end: u64) -> Vec<Arc<Vma>> {
+        let mut hit = Vec::new();
+        let mut pos = start;
+        while let Some(v) = self.find_from(pos).filter(|v| v.start < end).cloned() {
+            pos = v.end;
+            self.remove(&v);
             self.put(Arc::new(v.clip(v.start, v.end)));
+            hit.push(v);
         }
         hit
-    }
-
-    /// This version of the index, for lockless readers: O(1), it shares
-    /// every node with the index (see `ptree`).
-    pub(crate) fn snapshot(&self) -> Snapshot {
-        self.by_end.root()
     }
 
     /// Remove everything in `start..end`, splitting VMAs that straddle an
     /// edge (their outside parts stay, as new VMAs). Returns the removed
     /// parts, clipped to the range, in address order. Does not wait for
     /// the read-lockers of the retired VMAs: `MapWrite::carve` does.
-    pub(crate) fn carve_no_wait(&mut self, start: u64, end: u64) -> Vec<Arc<Vma>> {
+    fn carve_no_wait(&mut self, start: u64, end: u64) -> Vec<Arc<Vma>> {
         let mut removed = Vec::new();
         // One lookup per VMA, not an iterator (whose stack, and the list of
         // what it found, were two heap allocations on every munmap): the
@@ -343,7 +318,7 @@ impl VmaTree {
     /// `start..=end`, left to right (Linux prefers merging with the
     /// previous VMA when a three-way merge is impossible). Returns the
     /// replaced VMAs, which the caller retires.
-    pub(crate) fn merge_range(&mut self, start: u64, end: u64) -> Vec<Arc<Vma>> {
+    fn merge_range(&mut self, start: u64, end: u64) -> Vec<Arc<Vma>> {
         let mut retired = Vec::new();
         let mut cur = match self.prev_of(start).cloned().or_else(|| self.find_from(start).cloned()) {
             Some(v) => v,
@@ -371,24 +346,91 @@ impl VmaTree {
         }
         retired
     }
+}
 
-    /// The `/proc/self/maps` view of every VMA.
-    pub(crate) fn infos(&self) -> Vec<MappingInfo> {
-        self.iter().map(|v| v.info()).collect()
+impl Lookup for VmaTree {
+    fn find_from(&self, addr: u64) -> Option<&Arc<Vma>> {
+        self.by_end.first_above(addr).map(|(_, v)| v)
     }
 
-    /// Remove and return every VMA.
-    pub(crate) fn take_all(&mut self) -> Vec<Arc<Vma>> {
-        self.flush_unlinks();
-        let all = self.by_end.take_all();
+    fn prev_of(&self, addr: u64) -> Option<&Arc<Vma>> {
+        self.by_end.last_at_or_below(addr).map(|(_, v)| v)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Arc<Vma>> {
+        values(self.by_end.iter())
+    }
+}
+
+impl VmaIndex for VmaTree {
+    fn put(&mut self, vma: Arc<Vma>) {
+        self.record(&vma);
+        self.put_only(vma);
+    }
+
+    fn take(&mut self, vma: &Vma) -> Arc<Vma> {
+        let v = self.take_only(vma);
+        self.forget(&v);
+        v
+    }
+}
+
+impl VmaTree {
+    /// An empty index whose VMAs are recorded on their objects' reverse maps.
+    pub(crate) fn recorded(owner: Option<Owner>) -> VmaTree {
+        VmaTree { by_end: PTree::default(), owner, pending: Vec::new(), crossing: 0 }
+    }
+
+    /// The space this index records its mappings for, if it does.
+    pub(crate) fn owner(&self) -> Option<&Owner> {
+        self.owner.as_ref()
+    }
+
+    /// Record `vma` on its object's reverse map.
+    pub(crate) fn record(&self, vma: &Vma) {
         if let Some(w) = &self.owner {
-            for v in &all {
-                if let Some(o) = v.object.get() {
-                    o.unlink(w.key(v));
-                }
-            }
+            w.link(vma);
         }
-        all
+    }
+
+    /// Forget the record of `vma` once the change is done (see `pending`).
+    pub(crate) fn forget(&mut self, vma: &Vma) {
+        if let (Some(w), Some(o)) = (&self.owner, vma.object.get()) {
+            self.pending.push((o.clone(), w.key(vma)));
+        }
+    }
+
+    /// Put a VMA in the tree, not recording it.
+    pub(crate) fn put_only(&mut self, vma: Arc<Vma>) {
+        // A VMA displaced here would never be retired nor zapped, and its
+        // object could free pages its PTEs still map: a real check.
+        let (start, end) = (vma.start, vma.end);
+        let displaced = self.by_end.insert(vma.end, vma);
+        assert!(displaced.is_none(), "a VMA ending at {end:#x} was displaced by {start:#x}..{end:#x}");
+    }
+
+    /// Take `vma` out of the tree, not forgetting its record.
+    pub(crate) fn take_only(&mut self, vma: &Vma) -> Arc<Vma> {
+        self.by_end.remove(vma.end).expect("VMA not in the index")
+    }
+
+    /// Forget the records of the VMAs taken out so far (see `pending`).
+    pub(crate) fn flush_unlinks(&mut self) {
+        for (o, key) in self.pending.drain(..) {
+            o.unlink(key);
+        }
+    }
+
+    /// This version of the index, for lockless readers: O(1), it shares
+    /// every node with the index (see `ptree`).
+    pub(crate) fn snapshot(&self) -> Snapshot {
+        self.by_end.root()
+    }
+
+    /// Remove and return every VMA, not forgetting their records.
+    pub(crate) fn take_all_only(&mut self) -> Vec<Arc<Vma>> {
+        self.flush_unlinks();
+        self.by_end.take_all()
     }
 }
 
@@ -410,11 +452,32 @@ pub(crate) type SnapshotNode = super::ptree::Node<Arc<Vma>>;
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct SnapshotRef<'a>(pub(crate) Option<&'a SnapshotNode>);
 
+impl Lookup for SnapshotRef<'_> {
+    fn find_from(&self, addr: u64) -> Option<&Arc<Vma>> {
+        SnapshotRef::find_from(*self, addr)
+    }
+
+    fn prev_of(&self, addr: u64) -> Option<&Arc<Vma>> {
+        SnapshotRef::prev_of(*self, addr)
+    }
+}
+
 impl<'a> SnapshotRef<'a> {
     /// The VMA containing `addr`, if any.
     #[inline]
     pub(crate) fn find(self, addr: u64) -> Option<&'a Arc<Vma>> {
-        super::ptree::first_above(self.0, addr).map(|(_, v)| v).filter(|v| v.start <= addr)
+        self.find_from(addr).filter(|v| v.start <= addr)
+    }
+
+    /// The first VMA that ends above `addr`.
+    #[inline]
+    pub(crate) fn find_from(self, addr: u64) -> Option<&'a Arc<Vma>> {
+        super::ptree::first_above(self.0, addr).map(|(_, v)| v)
+    }
+
+    /// The last VMA that ends at or below `addr`.
+    pub(crate) fn prev_of(self, addr: u64) -> Option<&'a Arc<Vma>> {
+        super::ptree::last_at_or_below(self.0, addr).map(|(_, v)| v)
     }
 }
 

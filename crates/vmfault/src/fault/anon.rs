@@ -434,13 +434,11 @@ pub(super) fn prepare<'v>(
         return Ok(o);
     }
     // Linux's find_mergeable_anon_vma: the next VMA first, then the previous.
-    let next = map.find_from(vma.end).filter(|n| n.start == vma.end);
-    let prev = map.prev_of(vma.start).filter(|p| p.end == vma.start);
+    let (prev, next) = space.adjacent(ctx, map, vma);
     let reuse = next
         .filter(|n| compatible(vma, n))
-        .and_then(|n| n.object.get())
-        .or_else(|| prev.filter(|p| compatible(p, vma)).and_then(|p| p.object.get()))
-        .cloned();
+        .and_then(|n| n.object.get().cloned())
+        .or_else(|| prev.filter(|p| compatible(p, vma)).and_then(|p| p.object.get().cloned()));
     let object = match reuse {
         Some(o) => o,
         None => Object::new_anon(ctx, &space.vm.m).map_err(|_| ())?,

@@ -7,6 +7,7 @@
 
 use super::{Fault, Resolved, anon};
 use crate::aspace::Space;
+use crate::aspace::vma::Lookup;
 use crate::error::{Error, Result, SegvCode};
 use crate::phys::Pfn;
 use crate::types::TASK_SIZE;
@@ -17,7 +18,7 @@ pub(super) fn fault(ctx: &Ctx<'_>, space: &Space, fault: Fault, f: &mut impl FnM
     if fault.addr >= TASK_SIZE {
         return Err(fault.segv(ctx, SegvCode::MapErr));
     }
-    let map = space.map_read(ctx);
+    let map = space.map_read(ctx, fault.addr, fault.addr + 1);
     let Some(vma) = map.find(fault.addr) else {
         return Err(fault.segv(ctx, SegvCode::MapErr));
     };

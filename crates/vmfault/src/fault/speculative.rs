@@ -49,7 +49,7 @@ pub(super) fn fault(
         Some(l) => (l.section, Some(l.missed)),
         None => (ctx.rcu_read(), None),
     };
-    let vma = space.snapshot(&section).find(fault.addr).ok_or(Abort::NoVma)?;
+    let vma = space.snapshot(&section, fault.addr).find(fault.addr).ok_or(Abort::NoVma)?;
     if !vma.state.is_live() {
         return Err(Abort::VmaChanged);
     }

@@ -37,7 +37,7 @@ pub(super) fn fault(
 ) -> Result<Result<Resolved>, Abort> {
     let frames = ctx.frames();
     let pin = ctx.rcu_pin(fault.addr);
-    let vma = space.snapshot(&pin).find(fault.addr).ok_or(Abort::NoVma)?;
+    let vma = space.snapshot(&pin, fault.addr).find(fault.addr).ok_or(Abort::NoVma)?;
     if !vma.state.is_live_pinned(&pin) {
         return Err(Abort::VmaChanged);
     }

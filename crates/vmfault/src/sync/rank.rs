@@ -12,7 +12,7 @@
 
 /// The lock classes, outermost first (the order of `lib.rs`). A thread
 /// may take a lock only if every lock it holds allows it ([`Rank::allows`]):
-/// in general a later rank; `Object` nests (a collapse takes the absorbing
+/// in general a later rank; `Map` nests (zones, in address order); `Object` nests (a collapse takes the absorbing
 /// level's, then the absorbed one's, top-down); the tree's branches that
 /// hold nothing else (the page-queue and free-list locks, the drain
 /// lock but for the free list) allow only what `lib.rs` puts inside
@@ -21,7 +21,9 @@
 pub(crate) enum Rank {
     /// The unattached threads' shared vCPU slot (`sync::cpu`).
     SharedSlot,
-    /// An address space's map lock `[M]`.
+    /// An address space's map lock `[M]` (one per zone with
+    /// `map_lock=zoned`; zones nest in ascending address order only, which
+    /// `aspace::zones::Zones::write` is the one place to take).
     Map,
     /// A space's anon lock (creating private anonymous objects).
     Anon,
@@ -55,6 +57,7 @@ impl Rank {
             Rank::Leaf | Rank::Queue | Rank::FreeList => false,
             Rank::PcpDrain => matches!(inner, Rank::FreeList | Rank::Leaf),
             Rank::Object => inner >= Rank::Object,
+            Rank::Map => inner >= Rank::Map,
             _ => inner > self,
         }
     }

@@ -1,0 +1,492 @@
+//! The map lock, split by address (`VmConfig::map_lock`).
+//!
+//! An address space's VMAs live in *zones*: one for the whole space with
+//! `map_lock=global` (Linux's single `mmap_lock`), or one per 512 GiB of
+//! it with `map_lock=zoned`. Each zone is a map lock over the VMAs of its
+//! addresses, clipped at its edges, and the snapshot of them that lockless
+//! faults read. A change locks the zones its range touches, in address
+//! order, and nothing else of the space: changes in different zones take
+//! no common lock and write no common cache line (RadixVM's rule for
+//! disjoint ranges, at zone granularity; CortenMM locks page-table nodes
+//! the same way).
+//!
+//! # VMAs across zone edges
+//! - A VMA that crosses an edge is in the index of every zone it touches
+//!   (the same `Arc<Vma>`), so a lookup in one zone finds every VMA at its
+//!   addresses, and VMAs are exactly Linux's: no piece, no join.
+//! - A change locks every zone of its range and of the VMAs that touch it
+//!   (those it may split, and the neighbours it may merge with): their
+//!   extents are read in the published snapshots first, then checked under
+//!   the locks, and the change retries with more zones if one grew
+//!   meanwhile (`Space::map_write`).
+//! - Page-table pages are pruned only inside the zones held: a munmap never
+//!   frees a table another zone's change could be using (a PUD page, 512
+//!   GiB, covers exactly one zone).
+//! - The space's VMA count (for `MAX_MAP_COUNT`) is a sum of per-vCPU
+//!   counts, so no change writes a shared counter.
+//!
+//! # Placement
+//! An mmap without a usable hint looks for Linux's address in the zones'
+//! snapshots with no lock, then locks that address's zones and checks it
+//! is still free. If another change holds one of them, it takes the highest
+//! gap below that zone instead (contention-aware placement, as CortenMM's);
+//! the address is Linux's whenever no other change is in flight.
+//!
+//! # Lock order
+//! Zone map locks nest in ascending address order only; the only code that
+//! takes more than one is [`Zones::lock`] (and `fork`, which takes all of
+//! them through it).
+
+use std::ops::Deref;
+use std::sync::atomic::{AtomicIsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use super::vma::{Lookup, Owner, Snapshot, SnapshotNode, SnapshotRef, Vma, VmaTree};
+use crate::sync::CachePadded;
+use crate::sync::rank::{Rank, Ranked};
+use crate::sync::rcu::{RcuArc, RcuReadGuard, Retired};
+use crate::types::TASK_SIZE;
+
+/// log2 of a zone's bytes with `map_lock=zoned`: 512 GiB, one PUD page's
+/// reach, so 256 zones cover the 128 TiB user address space.
+pub(crate) const ZONE_SHIFT: u32 = 39;
+
+/// One zone: its map lock and VMA index, and the snapshot of the index.
+#[derive(Debug)]
+pub(crate) struct Zone {
+    /// `[M]` the zone's map lock and the VMAs (clipped to the zone) it protects.
+    pub(super) map: RwLock<VmaTree>,
+    /// `[a]` the index as lockless faults see it (RCU: read inside a
+    /// section; replaced under the zone's map write lock after a change).
+    pub(super) snapshot: RcuArc<SnapshotNode>,
+}
+
+/// What each vCPU slot keeps of a space (written by that vCPU only).
+#[derive(Debug, Default)]
+pub(crate) struct SpaceCpu {
+    /// `[L]` snapshots this vCPU's changes replaced, waiting for a grace
+    /// period (inner to the map locks).
+    pub(super) retired: Mutex<Vec<Retired<Snapshot>>>,
+    /// `[a]` VMAs this vCPU's changes added, less those they removed, not
+    /// yet moved to `Zones::vmas` (fewer than `COUNT_BATCH` either way).
+    pub(super) vmas: AtomicIsize,
+}
+
+/// Where the zones lie: `n` zones of `2^shift` bytes (one, of everything,
+/// when `n` is 1).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Geometry {
+    shift: u32,
+    n: usize,
+}
+
+impl Geometry {
+    /// The zone of `addr` (the last one for addresses at or above `TASK_SIZE`).
+    #[inline]
+    pub(crate) fn zone_of(self, addr: u64) -> usize {
+        if self.n == 1 { 0 } else { ((addr >> self.shift) as usize).min(self.n - 1) }
+    }
+
+    /// The zones `start..end` touches (at least the one of `start`).
+    #[inline]
+    pub(crate) fn span(self, start: u64, end: u64) -> (usize, usize) {
+        (self.zone_of(start), self.zone_of(end.max(start + 1) - 1))
+    }
+
+    /// The first address of zone `z`.
+    pub(crate) fn start_of(self, z: usize) -> u64 {
+        if self.n == 1 { 0 } else { (z as u64) << self.shift }
+    }
+
+    /// The end of zone `z` (`u64::MAX` for the last).
+    pub(crate) fn end_of(self, z: usize) -> u64 {
+        if z + 1 == self.n { u64::MAX } else { ((z + 1) as u64) << self.shift }
+    }
+}
+
+/// A space's zones and its per-vCPU parts.
+#[derive(Debug)]
+pub(crate) struct Zones {
+    /// `[I]` where the zones lie.
+    geo: Geometry,
+    /// `[S]` the zones, in address order.
+    zones: Box<[CachePadded<Zone>]>,
+    /// `[S]` per vCPU slot (the unattached threads' shared slot last).
+    pub(super) cpus: Box<[CachePadded<SpaceCpu>]>,
+    /// `[a]` the space's VMA count, less what the slots have not moved here
+    /// yet (Linux's `percpu_counter`: written once per `COUNT_BATCH`
+    /// changes of a slot's count, not by every change).
+    vmas: CachePadded<AtomicIsize>,
+}
+
+/// How far a vCPU slot's count may drift before it moves to the space's.
+const COUNT_BATCH: isize = 32;
+
+impl Zones {
+    /// Zones of `2^shift` bytes (47 or more: one) recording their VMAs for
+    /// `owner`, with `slots` vCPU slots.
+    pub(super) fn new(shift: u32, owner: Option<&Owner>, slots: usize) -> Zones {
+        let n = if shift >= 47 { 1 } else { (TASK_SIZE >> shift) as usize };
+        let zone =
+            || CachePadded(Zone { map: RwLock::new(VmaTree::recorded(owner.cloned())), snapshot: RcuArc::new(None) });
+        Zones {
+            geo: Geometry { shift, n },
+            zones: (0..n).map(|_| zone()).collect(),
+            cpus: (0..=slots).map(|_| CachePadded(SpaceCpu::default())).collect(),
+            vmas: CachePadded(AtomicIsize::new(0)),
+        }
+    }
+
+    /// Whether there is more than one zone.
+    #[inline]
+    pub(crate) fn split(&self) -> bool {
+        self.geo.n > 1
+    }
+
+    /// Where the zones lie.
+    #[inline]
+    pub(crate) fn geo(&self) -> Geometry {
+        self.geo
+    }
+
+    /// The number of zones.
+    pub(super) fn len(&self) -> usize {
+        self.geo.n
+    }
+
+    /// The zone of `addr` (the last one for addresses at or above `TASK_SIZE`).
+    #[inline]
+    pub(crate) fn zone_of(&self, addr: u64) -> usize {
+        self.geo.zone_of(addr)
+    }
+
+    /// The zones `start..end` touches (at least the one of `start`).
+    #[inline]
+    pub(super) fn span(&self, start: u64, end: u64) -> (usize, usize) {
+        self.geo.span(start, end)
+    }
+
+    /// The first address of zone `z`.
+    pub(super) fn start_of(&self, z: usize) -> u64 {
+        self.geo.start_of(z)
+    }
+
+    /// The end of zone `z` (`u64::MAX` for the last).
+    pub(super) fn end_of(&self, z: usize) -> u64 {
+        self.geo.end_of(z)
+    }
+
+    /// Zone `z`.
+    #[inline]
+    pub(super) fn zone(&self, z: usize) -> &Zone {
+        &self.zones[z]
+    }
+
+    /// The VMA index of `addr`'s zone as lockless readers see it.
+    #[inline]
+    pub(crate) fn snapshot<'a>(&'a self, section: &'a RcuReadGuard<'_>, addr: u64) -> SnapshotRef<'a> {
+        SnapshotRef(self.zones[self.zone_of(addr)].snapshot.read(section))
+    }
+
+    /// Lock zones `first..=last` for writing, in order (blocking).
+    pub(super) fn write(&self, first: usize, last: usize) -> Held<Ranked<RwLockWriteGuard<'_, VmaTree>>> {
+        let take = |z: usize| Ranked::take(Rank::Map, || self.zones[z].map.write().unwrap_or_else(|p| p.into_inner()));
+        Held::collect(first, last, take)
+    }
+
+    /// Lock zones `first..=last` for writing without waiting: the first
+    /// zone another thread holds is the error (nothing stays locked).
+    pub(super) fn try_write(
+        &self,
+        first: usize,
+        last: usize,
+    ) -> Result<Held<Ranked<RwLockWriteGuard<'_, VmaTree>>>, usize> {
+        let mut busy = None;
+        let held = Held::try_collect(first, last, |z| {
+            let zone = &self.zones[z].map;
+            let got = Ranked::try_take(Rank::Map, || match zone.try_write() {
+                Ok(g) => Some(g),
+                Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => None,
+            });
+            if got.is_none() {
+                busy = Some(z);
+            }
+            got
+        });
+        held.ok_or_else(|| busy.expect("a zone was busy"))
+    }
+
+    /// Lock zones `first..=last` for writing, of a space nobody else can
+    /// reach yet (a `fork` child, under its parent's locks).
+    pub(super) fn write_unreachable(&self, first: usize, last: usize) -> Held<Ranked<RwLockWriteGuard<'_, VmaTree>>> {
+        let take = |z: usize| {
+            Ranked::take_unreachable(Rank::Map, || self.zones[z].map.write().unwrap_or_else(|p| p.into_inner()))
+        };
+        Held::collect(first, last, take)
+    }
+
+    /// Lock zones `first..=last` for reading, in order.
+    pub(super) fn read(&self, first: usize, last: usize) -> Held<Ranked<RwLockReadGuard<'_, VmaTree>>> {
+        let take = |z: usize| Ranked::take(Rank::Map, || self.zones[z].map.read().unwrap_or_else(|p| p.into_inner()));
+        Held::collect(first, last, take)
+    }
+
+    /// Count `added` VMAs (negative: removed) on vCPU slot `slot`.
+    pub(super) fn count(&self, slot: usize, added: isize) {
+        let mine = &self.cpus[slot].vmas;
+        if (mine.fetch_add(added, Ordering::Relaxed) + added).abs() >= COUNT_BATCH {
+            self.vmas.fetch_add(mine.swap(0, Ordering::Relaxed), Ordering::Relaxed);
+        }
+    }
+
+    /// The space's VMA count if it is above `limit` (read without a lock:
+    /// exact when no change is in flight). Reads one shared word while the
+    /// count is more than the slots' drift below `limit`.
+    pub(super) fn vmas_above(&self, limit: usize) -> Option<usize> {
+        let slack = COUNT_BATCH * self.cpus.len() as isize;
+        if self.vmas.load(Ordering::Relaxed) + slack <= limit as isize {
+            return None;
+        }
+        let n =
+            self.vmas.load(Ordering::Relaxed) + self.cpus.iter().map(|c| c.vmas.load(Ordering::Relaxed)).sum::<isize>();
+        let n = n.max(0) as usize;
+        (n > limit).then_some(n)
+    }
+
+    /// Every zone's index, of a space nobody can reach any more.
+    pub(super) fn trees_mut(&mut self) -> impl Iterator<Item = &mut VmaTree> {
+        self.zones.iter_mut().map(|z| z.0.map.get_mut().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// The published indexes of every zone, for a search with no lock.
+    pub(super) fn published<'a>(&'a self, section: &'a RcuReadGuard<'_>) -> Published<'a> {
+        Published { zones: self, section }
+    }
+}
+
+impl super::Space {
+    /// The VMAs right before and right after `vma` (adjacent ones only),
+    /// with `map` held: from the held zones, or for a zone not held (a
+    /// fault holds only its address's), from that zone's snapshot, which is
+    /// exact when no change is in flight there.
+    pub(crate) fn adjacent(
+        &self,
+        ctx: &crate::vm::Ctx<'_>,
+        map: &impl MapHeld,
+        vma: &Vma,
+    ) -> (Option<Arc<Vma>>, Option<Arc<Vma>>) {
+        let (first, last) = map.held();
+        let look = |addr: u64| {
+            if (first..=last).contains(&self.zones.zone_of(addr)) {
+                map.find(addr).cloned()
+            } else {
+                let section = ctx.rcu_read();
+                self.zones.snapshot(&section, addr).find(addr).cloned()
+            }
+        };
+        let prev = vma.start.checked_sub(1).and_then(look).filter(|p| p.end == vma.start);
+        let next = look(vma.end).filter(|n| n.start == vma.end);
+        (prev, next)
+    }
+}
+
+/// Guards of consecutive zones, in ascending order; one zone (the common
+/// case) needs no allocation.
+#[derive(Debug)]
+pub(crate) struct Held<G> {
+    /// The first zone held.
+    first: usize,
+    /// Its guard.
+    one: G,
+    /// The guards of the zones after it.
+    more: Vec<G>,
+}
+
+impl<G> Held<G> {
+    fn collect(first: usize, last: usize, mut take: impl FnMut(usize) -> G) -> Held<G> {
+        let one = take(first);
+        let more = if last > first { (first + 1..=last).map(take).collect() } else { Vec::new() };
+        Held { first, one, more }
+    }
+
+    fn try_collect(first: usize, last: usize, mut take: impl FnMut(usize) -> Option<G>) -> Option<Held<G>> {
+        let one = take(first)?;
+        let mut more = Vec::new();
+        for z in first + 1..=last {
+            more.push(take(z)?);
+        }
+        Some(Held { first, one, more })
+    }
+
+    /// The zones held, as (first, last).
+    #[inline]
+    pub(crate) fn range(&self) -> (usize, usize) {
+        (self.first, self.first + self.more.len())
+    }
+
+    /// The guard of zone `z`, if held.
+    #[inline]
+    pub(crate) fn get(&self, z: usize) -> Option<&G> {
+        match z.checked_sub(self.first)? {
+            0 => Some(&self.one),
+            i => self.more.get(i - 1),
+        }
+    }
+
+    /// The guard of zone `z`, if held.
+    #[inline]
+    pub(crate) fn get_mut(&mut self, z: usize) -> Option<&mut G> {
+        match z.checked_sub(self.first)? {
+            0 => Some(&mut self.one),
+            i => self.more.get_mut(i - 1),
+        }
+    }
+
+    /// Call `f` with every guard and its zone, in order.
+    #[inline]
+    pub(crate) fn for_each_mut(&mut self, mut f: impl FnMut(usize, &mut G)) {
+        f(self.first, &mut self.one);
+        for (i, g) in self.more.iter_mut().enumerate() {
+            f(self.first + 1 + i, g);
+        }
+    }
+}
+
+/// What the placement search asks of an index (`layout`): the VMAs
+/// nearest a range, as (start, end).
+pub(crate) trait Gaps {
+    /// The lowest VMA that intersects `start..end`.
+    fn lowest_in(&self, start: u64, end: u64) -> Option<(u64, u64)>;
+    /// The highest VMA that intersects `start..end`.
+    fn highest_in(&self, start: u64, end: u64) -> Option<(u64, u64)>;
+}
+
+impl<T: Lookup> Gaps for T {
+    fn lowest_in(&self, start: u64, end: u64) -> Option<(u64, u64)> {
+        self.find_from(start).filter(|v| v.start < end).map(|v| (v.start, v.end))
+    }
+
+    fn highest_in(&self, start: u64, end: u64) -> Option<(u64, u64)> {
+        let v = self.find(end - 1).or_else(|| self.prev_of(end - 1))?;
+        (v.end > start).then_some((v.start, v.end))
+    }
+}
+
+/// Every zone's published index, read inside one section: the lockless
+/// view an mmap searches for a free range before it locks one.
+pub(crate) struct Published<'a> {
+    zones: &'a Zones,
+    section: &'a RcuReadGuard<'a>,
+}
+
+impl Published<'_> {
+    fn at(&self, z: usize) -> SnapshotRef<'_> {
+        SnapshotRef(self.zones.zones[z].snapshot.read(self.section))
+    }
+}
+
+impl Gaps for Published<'_> {
+    fn lowest_in(&self, start: u64, end: u64) -> Option<(u64, u64)> {
+        let (first, last) = self.zones.span(start, end);
+        (first..=last).find_map(|z| self.at(z).lowest_in(start, end))
+    }
+
+    fn highest_in(&self, start: u64, end: u64) -> Option<(u64, u64)> {
+        let (first, last) = self.zones.span(start, end);
+        (first..=last).rev().find_map(|z| self.at(z).highest_in(start, end))
+    }
+}
+
+/// The VMA index over the zones an operation holds: a function whose
+/// precondition is "the map lock is held" takes the guard (`&impl
+/// MapHeld`), so the precondition is a type; one that needs it held for
+/// writing takes `&MapWrite`. Lookups see the held zones only: a VMA in a
+/// zone not held is none of the holder's business (and may change).
+pub(crate) trait MapHeld: Lookup {
+    /// The space's zones.
+    fn zones(&self) -> &Zones;
+    /// The zones held, as (first, last).
+    fn held(&self) -> (usize, usize);
+    /// The index of zone `z`, if held.
+    fn tree(&self, z: usize) -> Option<&VmaTree>;
+
+    /// The space the index records its mappings for, if it does.
+    fn owner(&self) -> Option<&super::vma::Owner> {
+        self.tree(self.held().0)?.owner()
+    }
+}
+
+/// [`Lookup::find_from`] over the held zones: every VMA that touches a
+/// zone is in its index, so the first zone from `addr`'s on that has one
+/// ending above `addr` has the right one.
+#[inline]
+pub(crate) fn find_from_held(m: &impl MapHeld, addr: u64) -> Option<&Arc<Vma>> {
+    let (first, last) = m.held();
+    let z = m.zones().zone_of(addr);
+    if z == last {
+        return m.tree(z)?.find_from(addr);
+    }
+    (z.max(first)..=last).find_map(|z| m.tree(z)?.find_from(addr))
+}
+
+/// [`Lookup::prev_of`] over the held zones, from `addr`'s zone down.
+pub(crate) fn prev_of_held(m: &impl MapHeld, addr: u64) -> Option<&Arc<Vma>> {
+    let (first, last) = m.held();
+    let z = m.zones().zone_of(addr);
+    if z == first {
+        return m.tree(z)?.prev_of(addr);
+    }
+    (first..=z.min(last)).rev().find_map(|z| m.tree(z)?.prev_of(addr))
+}
+
+/// Zones held through `Deref` guards.
+pub(crate) struct HeldView<'a, G> {
+    pub(super) zones: &'a Zones,
+    pub(super) held: Held<G>,
+}
+
+impl<G: Deref<Target = VmaTree>> Lookup for HeldView<'_, G> {
+    #[inline]
+    fn find_from(&self, addr: u64) -> Option<&Arc<Vma>> {
+        find_from_held(self, addr)
+    }
+
+    fn prev_of(&self, addr: u64) -> Option<&Arc<Vma>> {
+        prev_of_held(self, addr)
+    }
+}
+
+impl<G: Deref<Target = VmaTree>> MapHeld for HeldView<'_, G> {
+    fn zones(&self) -> &Zones {
+        self.zones
+    }
+
+    fn held(&self) -> (usize, usize) {
+        self.held.range()
+    }
+
+    #[inline]
+    fn tree(&self, z: usize) -> Option<&VmaTree> {
+        self.held.get(z).map(|g| &**g)
+    }
+}
+
+/// The map lock of some zones, held for reading.
+pub(crate) type MapRead<'a> = HeldView<'a, Ranked<RwLockReadGuard<'a, VmaTree>>>;
+
+/// The addresses a change of `start..end` may touch, as (start, end): the
+/// range with a byte on each side (a neighbour it may merge with starts
+/// or ends there), grown to the VMAs at those bytes and at the range's
+/// ends (`find(addr)`: the one containing `addr`). VMAs inside the range
+/// lie inside that.
+pub(crate) fn extent(find: impl Fn(u64) -> Option<(u64, u64)>, start: u64, end: u64) -> (u64, u64) {
+    let end = end.max(start + 1);
+    let (mut lo, mut hi) = (start.saturating_sub(1), end.saturating_add(1));
+    for a in [start.saturating_sub(1), start, end - 1, end] {
+        if let Some((s, e)) = find(a) {
+            (lo, hi) = (lo.min(s), hi.max(e));
+        }
+    }
+    (lo, hi)
+}
