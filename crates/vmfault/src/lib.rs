@@ -80,11 +80,13 @@
 //! | 6 | reverse mapping without pv entries (DragonFly): one backing record per mapping of an object range; a page's mappings are found through its object's records (pv entries, one per page per mapping, for comparison) | `object/rmap.rs`, `aspace/rmap.rs` | - |
 //! | 7 | grace periods: blocking (`synchronize`), polled a step at a time (`poll`), per-page pins; frames freed after one, by the caller or from a deferred list | `sync/rcu.rs`, `phys/mod.rs` (the frame protocol), `phys/deferred.rs` | `loom_rcu` |
 //! | 8 | copy-on-write chains and write-back: a shadow object's entries published before its backing's are moved; dirty pages write-protected before they are copied out | `object/shadow.rs`, `object/file.rs` | `loom_shadow`, `loom_writeback` |
+//! | 9 | zoned map locks: a VMA is in the index of every 512 GiB zone it touches; a change locks, in address order, the zones of its range and of every VMA it touches (widening and retrying if a VMA reaches further than the zones it locked); an unhinted mmap searches the zones' snapshots, then try-locks and re-checks, and goes below a busy zone | `aspace/zones.rs` | - (`tests/zones.rs`, the differential tests across a zone edge) |
 //!
 //! ## Lock order (outer to inner)
 //!
 //! ```text
-//! address-space map lock [M]          (RwLock; classic faults read, changes write)
+//! address-space map lock [M]          (RwLock; classic faults read, changes write; with
+//! │                                    map_lock=zoned one per zone, taken in address order)
 //! ├── VMA read lock [V]               (VmaLock faults: a pin in the vCPU's RCU slot; a writer
 //! │   │                                retires the VMA under [M] and waits for the pins)
 //! │   └── PTE lock [P]
@@ -106,7 +108,8 @@
 //! thread keeps the ranks it holds, and taking a lock of an earlier rank,
 //! of its own rank where that does not nest, or anything under a leaf,
 //! panics with both): the unattached threads' shared vCPU slot
-//! (outermost), the map lock, the anon lock, the file registry, object
+//! (outermost), the map lock (zones nest: their address order is kept by
+//! the one function that takes several, `Zones::write`), the anon lock, the file registry, object
 //! locks, the per-CPU caches' drain lock, PTE locks, page locks, the
 //! page-queue lock and the free-list lock, and as leaves the
 //! retired-snapshot and deferred-list mutexes, the space and
@@ -151,7 +154,7 @@
 //!
 //! | tag | meaning |
 //! |---|---|
-//! | `[M]` | the address space's map lock |
+//! | `[M]` | the address space's map lock (of the zone, with `map_lock=zoned`) |
 //! | `[V]` | the VMA's own read lock (`sync::vma_state`) |
 //! | `[O]` | the object's lock (or the object's insertion protocol, where noted) |
 //! | `[P]` | the PTE lock of the page-table page |

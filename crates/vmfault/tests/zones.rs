@@ -140,3 +140,49 @@ fn the_map_count_limit_holds_with_either_map_lock() {
         s.mmap(base, P, RW, PA | MapFlags::FIXED).unwrap();
     }
 }
+
+#[test]
+fn an_unmapped_objects_pages_are_freed_though_another_vcpu_retired_the_snapshot_that_names_it() {
+    // vCPU B maps shared memory X, fills it, then maps Y (its change
+    // retires a snapshot that still names X, onto B's own list) and goes
+    // idle. vCPU A unmaps X: A's change takes B's retired snapshots over,
+    // so X's object and pages end now, not at B's next change.
+    for map_lock in [MapLock::Global, MapLock::Zoned] {
+        let vm = Arc::new(
+            Vm::new(VmConfig { phys_bytes: 16 << 20, cpus: 2, prefault: false, map_lock, ..VmConfig::default() })
+                .unwrap(),
+        );
+        let s = vm.new_space().unwrap();
+        let shared = MapFlags::SHARED | MapFlags::ANONYMOUS;
+        let (mapped, idle, done) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
+        let b = {
+            let (vm, s, mapped, idle, done) = (vm.clone(), s.clone(), mapped.clone(), idle.clone(), done.clone());
+            std::thread::spawn(move || {
+                let _cpu = vm.attach().unwrap();
+                let x = s.mmap(0, 64 * P, RW, shared).unwrap();
+                for p in 0..64 {
+                    s.write(x + p * P, &[1]).unwrap();
+                }
+                s.mmap(0, P, RW, shared).unwrap();
+                mapped.wait();
+                idle.wait();
+                done.wait();
+                x
+            })
+        };
+        mapped.wait();
+        let before = vm.stats().data_pages;
+        let _cpu = vm.attach().unwrap();
+        // X is the mapping above Y (top-down): the second one listed.
+        let x = s.mappings()[1].start;
+        s.munmap(x, 64 * P).unwrap();
+        let after = vm.stats().data_pages;
+        idle.wait();
+        done.wait();
+        assert_eq!(b.join().unwrap(), x);
+        assert!(
+            before >= 64 && after + 64 <= before,
+            "{map_lock:?}: data pages {before} before the munmap, {after} after"
+        );
+    }
+}

@@ -257,7 +257,9 @@ impl Space {
                     Ok(map) => map,
                     Err(busy) => {
                         ctx.count(Counter::placement_detours);
-                        high = high.min(self.zones.geo().start_of(busy));
+                        // Below the busy zone, and a page short of it: a
+                        // change locks the zone of the byte after its range.
+                        high = high.min(self.zones.geo().start_of(busy).saturating_sub(crate::types::PAGE_SIZE));
                         detours += 1;
                         continue;
                     }

@@ -4,12 +4,13 @@
 //! [`mprotect`](mprotect.rs), [`madvise`](madvise.rs), and the software MMU
 //! ([`access`](access.rs): `read`, `write`, `touch`). Placement of mappings
 //! is in `layout.rs`, the VMA index in `vma.rs` (over the persistent tree
-//! of `ptree.rs`).
+//! of `ptree.rs`), the map locks and their zones in `zones.rs`.
 //!
 //! # Locking
-//! - The *map lock* (`[M]`, a reader-writer lock around the VMA index) is
-//!   held for reading by the classic fault path for the whole fault, and
-//!   for writing by every operation that changes VMAs or tears pages down.
+//! - The *map lock* (`[M]`, a reader-writer lock around the VMA index; with
+//!   `map_lock=zoned`, one per 512 GiB zone, see `zones.rs`) is held for
+//!   reading by the classic fault path for the whole fault, and for writing
+//!   by every operation that changes VMAs or tears pages down.
 //! - PTEs change under the PTE lock of their page-table page (`[P]`).
 //! - Frames that were mapped are freed only after the map lock is dropped
 //!   and a grace period has passed (the TLB shootdown), see `phys`.
@@ -122,9 +123,8 @@ pub(crate) struct Space {
 pub(crate) struct MapWrite<'a> {
     space: &'a Space,
     view: HeldView<'a, Ranked<RwLockWriteGuard<'a, VmaTree>>>,
-    /// Zones changed: bit `i` is zone `first + i` (bit 63 stands for every
-    /// zone from `first + 63` on).
-    changed: u64,
+    /// Zones changed: bit `i % 64` of word `i / 64` is zone `first + i`.
+    changed: [u64; 4],
     /// The holder's vCPU slot (where its retired snapshots and its count
     /// of VMAs go).
     slot: usize,
@@ -201,9 +201,11 @@ impl VmaIndex for MapWrite<'_> {
 impl MapWrite<'_> {
     /// The index of zone `z` (held), to change: marks it changed.
     fn tree_mut(&mut self, z: usize) -> &mut VmaTree {
-        let (first, _) = self.view.held();
-        self.changed |= 1 << (z - first).min(63);
-        self.view.held.get_mut(z).expect("a change outside the zones it locked")
+        let (first, last) = self.view.held();
+        assert!((first..=last).contains(&z), "a change in zone {z}, outside the zones it locked ({first}..={last})");
+        let i = z - first;
+        self.changed[i / 64] |= 1 << (i % 64);
+        self.view.held.get_mut(z).expect("held")
     }
 
     /// [`VmaIndex::carve_no_wait`], then wait for the read-lockers of the
@@ -271,14 +273,16 @@ impl Drop for MapWrite<'_> {
         let s = self.space;
         let (first, _) = self.view.held();
         let (changed, publish) = (self.changed, s.publish);
-        let retired = &s.zones.cpus[self.slot].retired;
+        let (retired, pending) = (&s.zones.cpus[self.slot].retired, &s.zones.cpus[self.slot].pending);
         self.view.held.for_each_mut(|z, tree| {
             // Every PTE this operation cleared or narrowed is done, every new
             // VMA linked: the old records can go.
             tree.flush_unlinks();
-            if publish && changed & (1 << (z - first).min(63)) != 0 {
+            let i = z - first;
+            if publish && changed[i / 64] & (1 << (i % 64)) != 0 {
                 let old = s.zones.zone(z).snapshot.replace(&s.vm.m.rcu, tree.snapshot());
                 rank::lock(retired, Rank::Leaf).push(old);
+                pending.store(true, std::sync::atomic::Ordering::Relaxed);
             }
         });
         if self.added != 0 {
@@ -367,7 +371,7 @@ impl Space {
         ctx.count(Counter::map_lock_acquisitions);
         ctx.count(Counter::map_lock_writes);
         let slot = ctx.index.min(self.zones.cpus.len() - 1);
-        MapWrite { space: self, view: HeldView { zones: &self.zones, held }, changed: 0, slot, added: 0 }
+        MapWrite { space: self, view: HeldView { zones: &self.zones, held }, changed: [0; 4], slot, added: 0 }
     }
 
     /// Take the map lock of every zone of a space nobody else can reach
@@ -449,12 +453,16 @@ impl Space {
     /// zone edges listed with its first zone.
     pub(crate) fn infos(&self, ctx: &Ctx<'_>) -> Vec<MappingInfo> {
         let geo = self.zones.geo();
-        let mut out = Vec::new();
+        let mut out: Vec<MappingInfo> = Vec::new();
         for z in 0..self.zones.len() {
             let (start, end) = (geo.start_of(z), geo.end_of(z));
             let map =
                 if z == 0 { self.map_read(ctx, start, start + 1) } else { self.map_read_uncounted(start, start + 1) };
-            out.extend(map.overlapping(start, end).filter(|v| z == 0 || v.start >= start).map(|v| v.info()));
+            // From where the last zone's listing ended: a VMA that crosses
+            // into this zone was listed there (and one that a change split
+            // between the two reads is not listed twice).
+            let from = out.last().map_or(start, |l| l.end.max(start));
+            out.extend(map.overlapping(from, end).filter(|v| v.start >= from).map(|v| v.info()));
         }
         out
     }
@@ -508,7 +516,14 @@ impl Space {
             // What this vCPU queued before and has aged since (no wait).
             d.drop_aged_of(ctx.index.min(d.unowned()), rcu, false);
         }
-        let mine = &self.zones.cpus[ctx.index.min(self.zones.cpus.len() - 1)].retired;
+        let slot = ctx.index.min(self.zones.cpus.len() - 1);
+        let (mine, pending) = (&self.zones.cpus[slot].retired, &self.zones.cpus[slot].pending);
+        if objects_gone {
+            // Another vCPU's retired snapshots may be what keeps the
+            // removed objects alive: take them over (their lists are only
+            // touched if they have entries, and only tried).
+            self.take_retired_of_others(slot);
+        }
         let mut retired = rank::lock(mine, Rank::Leaf);
         if retired.is_empty() || (retired.len() < RECLAIM_BATCH && !objects_gone) {
             return;
@@ -531,6 +546,7 @@ impl Space {
             return;
         }
         let mut list = std::mem::take(&mut *retired);
+        pending.store(false, std::sync::atomic::Ordering::Relaxed);
         drop(retired);
         if let Some(d) = &self.vm.m.phys.deferred {
             // free_path=deferred: instead of waiting, queue them (and the
@@ -547,8 +563,30 @@ impl Space {
         let done = rcu.reclaim(&mut list, true);
         if !list.is_empty() {
             rank::lock(mine, Rank::Leaf).append(&mut list);
+            pending.store(true, std::sync::atomic::Ordering::Relaxed);
         }
         self.drop_aged(ctx, done);
+    }
+
+    /// Move the retired snapshots of every other vCPU slot that has some
+    /// onto `slot`'s list (a slot whose lock is busy is left).
+    fn take_retired_of_others(&self, slot: usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut taken = Vec::new();
+        for (i, cpu) in self.zones.cpus.iter().enumerate() {
+            if i == slot || !cpu.pending.load(Relaxed) {
+                continue;
+            }
+            if let Some(mut list) = Ranked::try_take(Rank::Leaf, || cpu.retired.try_lock().ok()) {
+                taken.append(&mut list);
+                cpu.pending.store(false, Relaxed);
+            }
+        }
+        if !taken.is_empty() {
+            let mine = &self.zones.cpus[slot];
+            rank::lock(&mine.retired, Rank::Leaf).append(&mut taken);
+            mine.pending.store(true, Relaxed);
+        }
     }
 
     /// Drop `done`: snapshots `Rcu::reclaim` gave back, or removed VMAs

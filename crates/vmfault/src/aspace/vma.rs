@@ -166,7 +166,7 @@ pub(crate) struct VmaTree {
     /// their PTEs and linked the replacements, a reverse-map walk must
     /// still find them (duplicates are harmless: walks check each PTE).
     pending: Vec<(Arc<Object>, crate::object::BackingKey)>,
-    /// VMAs here that reach beyond this index's zone (`map_lock=zoned`;
+    /// `[M]` VMAs here that reach beyond this index's zone (`map_lock=zoned`;
     /// kept by `MapWrite`): while there are none, a change needs no
     /// lookup to know which zones it must lock (`Space::map_write`).
     pub(crate) crossing: usize,

@@ -33,9 +33,12 @@
 //! the address is Linux's whenever no other change is in flight.
 //!
 //! # Lock order
-//! Zone map locks nest in ascending address order only; the only code that
-//! takes more than one is [`Zones::lock`] (and `fork`, which takes all of
-//! them through it).
+//! Zone map locks nest in ascending address order only: every function
+//! that takes more than one (`Zones::write`, `try_write`, `read`,
+//! `write_unreachable`) goes through `Held::collect`, which takes them in
+//! that order; a change that needs more zones drops all it holds first.
+//! The rank checker (`sync::rank`) lets `Map` nest but does not check the
+//! address order.
 
 use std::ops::Deref;
 use std::sync::atomic::{AtomicIsize, Ordering};
@@ -48,7 +51,8 @@ use crate::sync::rcu::{RcuArc, RcuReadGuard, Retired};
 use crate::types::TASK_SIZE;
 
 /// log2 of a zone's bytes with `map_lock=zoned`: 512 GiB, one PUD page's
-/// reach, so 256 zones cover the 128 TiB user address space.
+/// reach, so 256 zones cover the 128 TiB user address space (the last one
+/// ends at `TASK_SIZE`, a page short).
 pub(crate) const ZONE_SHIFT: u32 = 39;
 
 /// One zone: its map lock and VMA index, and the snapshot of the index.
@@ -67,6 +71,11 @@ pub(crate) struct SpaceCpu {
     /// `[L]` snapshots this vCPU's changes replaced, waiting for a grace
     /// period (inner to the map locks).
     pub(super) retired: Mutex<Vec<Retired<Snapshot>>>,
+    /// `[a]` whether `retired` may hold entries (written under its lock): a
+    /// change that removed objects takes other vCPUs' entries, which may
+    /// be what keeps them alive (`Space::finish`), without touching the
+    /// lists of vCPUs that have none.
+    pub(super) pending: std::sync::atomic::AtomicBool,
     /// `[a]` VMAs this vCPU's changes added, less those they removed, not
     /// yet moved to `Zones::vmas` (fewer than `COUNT_BATCH` either way).
     pub(super) vmas: AtomicIsize,
@@ -90,7 +99,7 @@ impl Geometry {
     /// The zones `start..end` touches (at least the one of `start`).
     #[inline]
     pub(crate) fn span(self, start: u64, end: u64) -> (usize, usize) {
-        (self.zone_of(start), self.zone_of(end.max(start + 1) - 1))
+        (self.zone_of(start), self.zone_of(end.max(start.saturating_add(1)) - 1))
     }
 
     /// The first address of zone `z`.
@@ -126,7 +135,7 @@ impl Zones {
     /// Zones of `2^shift` bytes (47 or more: one) recording their VMAs for
     /// `owner`, with `slots` vCPU slots.
     pub(super) fn new(shift: u32, owner: Option<&Owner>, slots: usize) -> Zones {
-        let n = if shift >= 47 { 1 } else { (TASK_SIZE >> shift) as usize };
+        let n = if shift >= 47 { 1 } else { TASK_SIZE.div_ceil(1 << shift) as usize };
         let zone =
             || CachePadded(Zone { map: RwLock::new(VmaTree::recorded(owner.cloned())), snapshot: RcuArc::new(None) });
         Zones {
@@ -481,7 +490,7 @@ pub(crate) type MapRead<'a> = HeldView<'a, Ranked<RwLockReadGuard<'a, VmaTree>>>
 /// ends (`find(addr)`: the one containing `addr`). VMAs inside the range
 /// lie inside that.
 pub(crate) fn extent(find: impl Fn(u64) -> Option<(u64, u64)>, start: u64, end: u64) -> (u64, u64) {
-    let end = end.max(start + 1);
+    let end = end.max(start.saturating_add(1));
     let (mut lo, mut hi) = (start.saturating_sub(1), end.saturating_add(1));
     for a in [start.saturating_sub(1), start, end - 1, end] {
         if let Some((s, e)) = find(a) {
