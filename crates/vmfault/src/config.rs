@@ -351,9 +351,9 @@ pub struct VmConfig {
     /// race of every order and path, fixed since.)
     pub frame_order: FrameOrder,
     /// How the map lock is split (see [`MapLock`]). Default `Zoned`: at 2
-    /// vCPUs it measured 1.2x-4.5x mmap1, brk1, malloc1 and vmlocal over
-    /// `Global` on the project's 2-core machine, and 0.9x-1.0x at one vCPU
-    /// (README, "Disjoint changes").
+    /// vCPUs it measured 1.5x-6.7x vmlocal, mmap1, malloc1 and brk1 over
+    /// `Global` on the project's 2-core machine, and 0.90x-0.97x at one
+    /// vCPU (README, "Disjoint changes").
     pub map_lock: MapLock,
 }
 
