@@ -2,28 +2,31 @@
 //!
 //! An address space's VMAs live in *zones*: one for the whole space with
 //! `map_lock=global` (Linux's single `mmap_lock`), or one per 512 GiB of
-//! it with `map_lock=zoned`. Each zone is a map lock over the VMAs of its
-//! addresses, clipped at its edges, and the snapshot of them that lockless
-//! faults read. A change locks the zones its range touches, in address
-//! order, and nothing else of the space: changes in different zones take
-//! no common lock and write no common cache line (RadixVM's rule for
-//! disjoint ranges, at zone granularity; CortenMM locks page-table nodes
-//! the same way).
+//! it with `map_lock=zoned`. Each zone is a map lock over the VMAs that
+//! touch its addresses, and the snapshot of them that lockless faults
+//! read. A change locks the zones of its range and of the VMAs it touches,
+//! in address order, and nothing else of the space: changes in different
+//! zones take no common lock and write no common cache line (RadixVM's
+//! rule for disjoint ranges, at zone granularity; CortenMM locks
+//! page-table nodes the same way).
 //!
 //! # VMAs across zone edges
 //! - A VMA that crosses an edge is in the index of every zone it touches
 //!   (the same `Arc<Vma>`), so a lookup in one zone finds every VMA at its
 //!   addresses, and VMAs are exactly Linux's: no piece, no join.
 //! - A change locks every zone of its range and of the VMAs that touch it
-//!   (those it may split, and the neighbours it may merge with): their
-//!   extents are read in the published snapshots first, then checked under
-//!   the locks, and the change retries with more zones if one grew
-//!   meanwhile (`Space::map_write`).
+//!   (those it may split, and the neighbours it may merge with): first the
+//!   zones of the range and a byte on each side; if one of them holds a VMA
+//!   that reaches outside its zone (`VmaTree::crossing`), the extents of the
+//!   VMAs at the range's ends are read under the locks, and the change
+//!   drops them and retries with more zones if those reach further
+//!   (`Space::map_write`).
 //! - Page-table pages are pruned only inside the zones held: a munmap never
 //!   frees a table another zone's change could be using (a PUD page, 512
 //!   GiB, covers exactly one zone).
-//! - The space's VMA count (for `MAX_MAP_COUNT`) is a sum of per-vCPU
-//!   counts, so no change writes a shared counter.
+//! - The space's VMA count (for `MAX_MAP_COUNT`) is kept per vCPU and
+//!   moved to the space's in batches, so no change writes a shared counter
+//!   each time; retired snapshots go to the changing vCPU's own list.
 //!
 //! # Placement
 //! An mmap without a usable hint looks for Linux's address in the zones'
@@ -58,14 +61,15 @@ pub(crate) const ZONE_SHIFT: u32 = 39;
 /// One zone: its map lock and VMA index, and the snapshot of the index.
 #[derive(Debug)]
 pub(crate) struct Zone {
-    /// `[M]` the zone's map lock and the VMAs (clipped to the zone) it protects.
+    /// `[M]` the zone's map lock and the VMAs that touch the zone, which it protects.
     pub(super) map: RwLock<VmaTree>,
     /// `[a]` the index as lockless faults see it (RCU: read inside a
     /// section; replaced under the zone's map write lock after a change).
     pub(super) snapshot: RcuArc<SnapshotNode>,
 }
 
-/// What each vCPU slot keeps of a space (written by that vCPU only).
+/// What each vCPU slot keeps of a space (written by that vCPU; a change
+/// that removed objects takes other slots' retired snapshots over).
 #[derive(Debug, Default)]
 pub(crate) struct SpaceCpu {
     /// `[L]` snapshots this vCPU's changes replaced, waiting for a grace
