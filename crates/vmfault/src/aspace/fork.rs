@@ -27,6 +27,7 @@
 
 use std::sync::Arc;
 
+use super::spares;
 use super::vma::{Lookup, VmaIndex};
 use super::vma::{Vma, VmaFlags};
 use super::{AddressSpace, Space};
@@ -113,7 +114,7 @@ impl Space {
                     other => other.cloned(),
                 };
                 // Linux's dup_mmap: the child does not inherit VM_LOCKED.
-                child_vmas.push(Arc::new(Vma::new(
+                child_vmas.push(spares::vma(Vma::new(
                     v.start,
                     v.end,
                     v.prot,
@@ -132,7 +133,7 @@ impl Space {
                 else {
                     continue;
                 };
-                let new = Arc::new(Vma::new(v.start, v.end, v.prot, v.flags, v.pgoff, Some(front.clone())));
+                let new = spares::vma(Vma::new(v.start, v.end, v.prot, v.flags, v.pgoff, Some(front.clone())));
                 replaced.push(map.replace_no_wait(v, new));
                 (lo, hi) = (lo.min(v.start), hi.max(v.end));
             }

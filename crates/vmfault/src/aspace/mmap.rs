@@ -5,9 +5,9 @@
 //! errno tells which check ran first.
 
 use std::fs::File;
-use std::sync::Arc;
 
 use super::layout::{MMAP_BASE, round_hint, unmapped_area};
+use super::spares;
 use super::vma::{Lookup, VmaIndex};
 use super::vma::{Vma, VmaFlags};
 use super::{AddressSpace, MAX_MAP_COUNT, MapWrite, Space};
@@ -189,7 +189,7 @@ impl Space {
         self.reserve_holes_locked(ctx, &map, op, start, end)?;
         let carved = map.carve(start, end);
         let ptes = if carved.is_empty() { 0 } else { self.unmap_locked(ctx, &map, &carved, &mut frames, false) };
-        map.insert(Arc::new(Vma::new(start, end, prot, vflags, pgoff, object)));
+        map.insert(spares::vma(Vma::new(start, end, prot, vflags, pgoff, object)));
         let retired = map.merge_range(start, end);
         drop(map);
         self.end_removal(ctx, ptes, &frames, carved);

@@ -35,6 +35,7 @@ mod mprotect;
 mod munmap;
 mod ptree;
 mod rmap;
+mod spares;
 pub(crate) use rmap::unmap_everywhere_unlocked;
 pub(crate) mod vma;
 mod zones;
@@ -51,7 +52,7 @@ use crate::sync::rcu::RcuReadGuard;
 use crate::types::MappingInfo;
 use crate::vm::{Ctx, Vm};
 pub use hold::PageHold;
-use vma::{Lookup, SnapshotRef, Vma, VmaFlags, VmaIndex, VmaTree};
+use vma::{Lookup, Snapshot, SnapshotRef, Vma, VmaFlags, VmaIndex, VmaTree};
 pub(crate) use zones::{HeldView, MapHeld, MapRead, Zones};
 
 /// Retired snapshots that make an operation wait for a grace period.
@@ -60,6 +61,10 @@ const SNAPSHOT_BACKLOG: usize = 32;
 /// Retired snapshots below which an operation does not look for any to
 /// free (looking costs more than the few versions it would free).
 const RECLAIM_BATCH: usize = 8;
+
+/// Snapshots one reclaim gave back: inline up to twice a batch (no heap
+/// allocation in steady state).
+type AgedSnapshots = smallvec::SmallVec<[Snapshot; 2 * RECLAIM_BATCH]>;
 
 /// Linux's default `vm.max_map_count`.
 pub const MAX_MAP_COUNT: usize = 65530;
@@ -210,7 +215,7 @@ impl MapWrite<'_> {
 
     /// [`VmaIndex::carve_no_wait`], then wait for the read-lockers of the
     /// VMAs it removed or split.
-    pub(crate) fn carve(&mut self, start: u64, end: u64) -> Vec<Arc<Vma>> {
+    pub(crate) fn carve(&mut self, start: u64, end: u64) -> vma::Removed {
         let span = self.span(start, end);
         let carved = self.carve_no_wait(start, end);
         self.wait_readers(span);
@@ -219,7 +224,7 @@ impl MapWrite<'_> {
 
     /// [`VmaIndex::renew_no_wait`], then wait for the read-lockers of the
     /// VMAs it replaced.
-    pub(crate) fn renew(&mut self, start: u64, end: u64) -> Vec<Arc<Vma>> {
+    pub(crate) fn renew(&mut self, start: u64, end: u64) -> vma::Removed {
         let span = self.span(start, end);
         let renewed = self.renew_no_wait(start, end);
         self.wait_readers(span);
@@ -540,7 +545,8 @@ impl Space {
             if !rcu.elapsed(retired[0].cookie()) {
                 return;
             }
-            let done = rcu.reclaim(&mut retired, false);
+            let mut done = AgedSnapshots::new();
+            rcu.reclaim_into(&mut retired, false, &mut done);
             drop(retired);
             self.drop_aged(ctx, done);
             return;
@@ -560,7 +566,8 @@ impl Space {
         }
         // Wait for a grace period, without the lock (writers push to it
         // while holding the map lock).
-        let done = rcu.reclaim(&mut list, true);
+        let mut done = AgedSnapshots::new();
+        rcu.reclaim_into(&mut list, true, &mut done);
         if !list.is_empty() {
             rank::lock(mine, Rank::Leaf).append(&mut list);
             pending.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -589,14 +596,14 @@ impl Space {
         }
     }
 
-    /// Drop `done`: snapshots `Rcu::reclaim` gave back, or removed VMAs
-    /// past a grace period (`drop_removed`). The objects whose last
-    /// reference they held end here, and their frames (index nodes, pages
-    /// left) were unreachable to readers before that grace period ended,
-    /// so they go to this vCPU's cache with no wait of their own and no
-    /// global lock (`object::dropping_aged`).
-    fn drop_aged<T>(&self, ctx: &Ctx<'_>, done: T) {
-        let freed = crate::object::dropping_aged(|| drop(done));
+    /// Drop `done`: snapshots `Rcu::reclaim` gave back. The objects whose
+    /// last reference they held end here, and their frames (index nodes,
+    /// pages left) were unreachable to readers before that grace period
+    /// ended, so they go to this vCPU's cache with no wait of their own
+    /// and no global lock (`object::dropping_aged`). Their nodes and
+    /// records become this thread's spares (`aspace/spares.rs`).
+    fn drop_aged(&self, ctx: &Ctx<'_>, done: impl IntoIterator<Item = Snapshot>) {
+        let freed = crate::object::dropping_aged(|| done.into_iter().for_each(spares::release_snapshot));
         ctx.frames().free_aged(&freed);
     }
 
@@ -607,13 +614,15 @@ impl Space {
     /// since (the change's shootdown, or its wait for the snapshots; else
     /// one polled here, if an object may end), the objects' frames go to
     /// this vCPU's cache at once, as in `drop_aged`; else each object frees
-    /// its own after a grace period.
-    pub(crate) fn drop_removed(&self, ctx: &Ctx<'_>, removed: Vec<Arc<Vma>>, unlinked: crate::sync::rcu::GpCookie) {
+    /// its own after a grace period. Records nobody else holds become
+    /// this thread's spares.
+    pub(crate) fn drop_removed(&self, ctx: &Ctx<'_>, removed: vma::Removed, unlinked: crate::sync::rcu::GpCookie) {
         let ends = || removed.iter().any(|v| v.object.get().is_some());
         if ctx.m.rcu.elapsed(unlinked) || (ends() && ctx.m.rcu.poll(unlinked)) {
-            self.drop_aged(ctx, removed);
+            let freed = crate::object::dropping_aged(|| removed.into_iter().for_each(spares::release_vma));
+            ctx.frames().free_aged(&freed);
         } else {
-            drop(removed);
+            removed.into_iter().for_each(spares::release_vma);
         }
     }
 }

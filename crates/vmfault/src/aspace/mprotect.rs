@@ -16,6 +16,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
+use super::spares;
 use super::vma::{Lookup, VmaIndex};
 use super::vma::{Vma, VmaFlags};
 use super::{AddressSpace, MapWrite, Space};
@@ -190,7 +191,7 @@ impl Space {
                 // Holds: pos..stop lies in the one VMA found at pos, and VMAs
                 // never overlap (a real check in `VmaIndex::insert`).
                 debug_assert_eq!(old.len(), 1);
-                map.insert(Arc::new(old[0].slice(pos, stop, prot, flags)));
+                map.insert(spares::vma(old[0].slice(pos, stop, prot, flags)));
                 if prot != vma.prot {
                     let changed = self
                         .pmap

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use super::vma::Lookup;
-use super::vma::Vma;
+use super::vma::{Removed, Vma};
 use super::{AddressSpace, MapWrite, Space};
 use crate::error::{Error, Op, Result};
 use crate::phys::Pfn;
@@ -66,7 +66,7 @@ impl Space {
     /// zapped, the old snapshot retired when the lock went). `finish`,
     /// then the write-back of removed shared file mappings, then the
     /// removed VMAs dropped (`drop_removed`).
-    pub(super) fn end_removal(&self, ctx: &Ctx<'_>, ptes: u64, frames: &[Pfn], carved: Vec<Arc<Vma>>) {
+    pub(super) fn end_removal(&self, ctx: &Ctx<'_>, ptes: u64, frames: &[Pfn], carved: Removed) {
         let unlinked = ctx.m.rcu.cookie();
         let objects_gone = carved.iter().any(|v| v.object.get().is_some());
         self.finish(ctx, ptes, frames, objects_gone);

@@ -21,6 +21,13 @@
 //! Nodes a writer created since the last publication are its own
 //! (reference count 1) and are changed in place, so a burst of changes
 //! under one map-lock hold copies each shared node once.
+//!
+//! Node allocations are reused: a new node (or the copy of a shared one)
+//! takes a spare of its value type's [`Recycle::spare_node`] (the VMA
+//! index's come from the thread's spares, `aspace/spares.rs`), and
+//! [`recycle`] takes a dropped version apart into its values and the
+//! nodes nobody else holds, for the caller to keep. So an `mmap` and its
+//! `munmap` allocate nothing from the heap in steady state.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,9 +39,63 @@ type Link<V> = Option<Arc<Node<V>>>;
 pub(crate) struct Node<V> {
     key: u64,
     prio: u64,
-    val: V,
+    /// Always present in a node of a tree; `None` only in a spare node
+    /// (see [`recycle`]).
+    val: Option<V>,
     left: Link<V>,
     right: Link<V>,
+}
+
+/// Where the nodes of a tree of `Self` come from: a spare node to reuse
+/// (held by nobody else, empty: taken apart by [`recycle`]), or none, and
+/// the tree allocates one.
+pub(crate) trait Recycle: Clone {
+    /// A spare node, if there is one.
+    fn spare_node() -> Option<Arc<Node<Self>>> {
+        None
+    }
+
+    /// Keep `node` (empty, held by nobody else) as a spare, or drop it.
+    fn keep_node(node: Arc<Node<Self>>) {
+        drop(node);
+    }
+}
+
+/// A node holding `n`'s fields: a spare's allocation if there is one.
+fn new_node<V: Recycle>(n: Node<V>) -> Arc<Node<V>> {
+    match V::spare_node() {
+        Some(mut spare) => {
+            match Arc::get_mut(&mut spare) {
+                Some(slot) => *slot = n,
+                None => return Arc::new(n),
+            }
+            spare
+        }
+        None => Arc::new(n),
+    }
+}
+
+/// `Arc::make_mut` with the copy of a shared node in a spare.
+fn own<V: Recycle>(a: &mut Arc<Node<V>>) -> &mut Node<V> {
+    if Arc::get_mut(a).is_none() {
+        *a = new_node(Node::clone(a));
+    }
+    Arc::get_mut(a).expect("just made unique")
+}
+
+/// Take apart a version being dropped: each node that nobody else holds
+/// gives its value to `val` and itself, empty, to `node`; the nodes still
+/// shared with other versions are only released.
+pub(crate) fn recycle<V>(link: Link<V>, val: &mut impl FnMut(V), node: &mut impl FnMut(Arc<Node<V>>)) {
+    let Some(mut arc) = link else { return };
+    let Some(n) = Arc::get_mut(&mut arc) else { return };
+    let (left, right, v) = (n.left.take(), n.right.take(), n.val.take());
+    recycle(left, val, node);
+    recycle(right, val, node);
+    if let Some(v) = v {
+        val(v);
+    }
+    node(arc);
 }
 
 /// A version of the map. `clone` is O(1) and shares every node.
@@ -72,7 +133,7 @@ pub(crate) fn first_above<V>(root: Option<&Node<V>>, key: u64) -> Option<(u64, &
             cur = n.right.as_deref();
         }
     }
-    best.map(|n| (n.key, &n.val))
+    best.and_then(|n| Some((n.key, n.val.as_ref()?)))
 }
 
 /// The entry with the largest key at or below `key` in the version rooted
@@ -88,7 +149,7 @@ pub(crate) fn last_at_or_below<V>(root: Option<&Node<V>>, key: u64) -> Option<(u
             cur = n.left.as_deref();
         }
     }
-    best.map(|n| (n.key, &n.val))
+    best.and_then(|n| Some((n.key, n.val.as_ref()?)))
 }
 
 /// SplitMix64's finalizer: a bijective mix of 64 bits.
@@ -99,7 +160,7 @@ fn mix(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
-impl<V: Clone> PTree<V> {
+impl<V: Recycle> PTree<V> {
     /// Number of entries.
     #[cfg(all(test, not(loom)))]
     pub(crate) fn len(&self) -> usize {
@@ -111,7 +172,7 @@ impl<V: Clone> PTree<V> {
         let mut cur = self.root.as_deref();
         while let Some(n) = cur {
             if key == n.key {
-                return Some(&n.val);
+                return n.val.as_ref();
             }
             cur = if key < n.key { n.left.as_deref() } else { n.right.as_deref() };
         }
@@ -176,7 +237,11 @@ impl<V: Clone> PTree<V> {
         // Look first: a removal that finds nothing must copy nothing.
         self.get(key)?;
         self.len -= 1;
-        Some(remove_at(&mut self.root, key))
+        let (val, spare) = remove_at(&mut self.root, key);
+        if let Some(n) = spare {
+            V::keep_node(n);
+        }
+        Some(val)
     }
 
     /// Remove every entry, returning the values in key order.
@@ -189,35 +254,40 @@ impl<V: Clone> PTree<V> {
 }
 
 /// Insert a key known to be absent.
-fn insert_at<V: Clone>(t: &mut Link<V>, key: u64, prio: u64, val: V) {
+fn insert_at<V: Recycle>(t: &mut Link<V>, key: u64, prio: u64, val: V) {
     match t {
         Some(n) if n.prio >= prio => {
-            let n = Arc::make_mut(n);
+            let n = own(n);
             insert_at(if key < n.key { &mut n.left } else { &mut n.right }, key, prio, val);
         }
         _ => {
             let (left, right) = split(t.take(), key);
-            *t = Some(Arc::new(Node { key, prio, val, left, right }));
+            *t = Some(new_node(Node { key, prio, val: Some(val), left, right }));
         }
     }
 }
 
-/// Remove a key known to be present; returns its value.
-fn remove_at<V: Clone>(t: &mut Link<V>, key: u64) -> V {
+/// Remove a key known to be present; returns its value, and the node, if
+/// nobody else held it (a node made since the last publication), to reuse.
+fn remove_at<V: Recycle>(t: &mut Link<V>, key: u64) -> (V, Option<Arc<Node<V>>>) {
     let n = t.as_mut().expect("key present");
     if n.key != key {
-        let n = Arc::make_mut(n);
+        let n = own(n);
         return remove_at(if key < n.key { &mut n.left } else { &mut n.right }, key);
     }
-    let node = Arc::unwrap_or_clone(t.take().expect("checked"));
-    *t = join(node.left, node.right);
-    node.val
+    let mut arc = t.take().expect("checked");
+    let (left, right, val, spare) = match Arc::get_mut(&mut arc) {
+        Some(n) => (n.left.take(), n.right.take(), n.val.take(), Some(arc)),
+        None => (arc.left.clone(), arc.right.clone(), arc.val.clone(), None),
+    };
+    *t = join(left, right);
+    (val.expect("a node of a tree has its value"), spare)
 }
 
 /// Split into the keys below `key` and the keys above it (`key` absent).
-fn split<V: Clone>(t: Link<V>, key: u64) -> (Link<V>, Link<V>) {
+fn split<V: Recycle>(t: Link<V>, key: u64) -> (Link<V>, Link<V>) {
     let Some(mut arc) = t else { return (None, None) };
-    let n = Arc::make_mut(&mut arc);
+    let n = own(&mut arc);
     if n.key < key {
         let (l, r) = split(n.right.take(), key);
         n.right = l;
@@ -230,17 +300,17 @@ fn split<V: Clone>(t: Link<V>, key: u64) -> (Link<V>, Link<V>) {
 }
 
 /// Join two trees, every key of `l` below every key of `r`.
-fn join<V: Clone>(l: Link<V>, r: Link<V>) -> Link<V> {
+fn join<V: Recycle>(l: Link<V>, r: Link<V>) -> Link<V> {
     match (l, r) {
         (None, r) => r,
         (l, None) => l,
         (Some(mut a), Some(mut b)) => {
             if a.prio >= b.prio {
-                let n = Arc::make_mut(&mut a);
+                let n = own(&mut a);
                 n.right = join(n.right.take(), Some(b));
                 Some(a)
             } else {
-                let n = Arc::make_mut(&mut b);
+                let n = own(&mut b);
                 n.left = join(Some(a), n.left.take());
                 Some(b)
             }
@@ -277,13 +347,36 @@ impl<'a, V> Iterator for Iter<'a, V> {
     fn next(&mut self) -> Option<Self::Item> {
         let n = self.stack.pop()?;
         self.descend(if self.ascending { n.right.as_deref() } else { n.left.as_deref() });
-        Some((n.key, &n.val))
+        Some((n.key, n.val.as_ref().expect("a node of a tree has its value")))
     }
 }
 
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+
+    impl Recycle for u64 {}
+    impl Recycle for () {}
+
+    /// A value whose trees reuse nodes from a per-thread list.
+    #[derive(Debug, Clone, PartialEq)]
+    struct Rec(u64);
+
+    thread_local! {
+        static NODES: std::cell::RefCell<Vec<Arc<Node<Rec>>>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+
+    impl Recycle for Rec {
+        fn spare_node() -> Option<Arc<Node<Rec>>> {
+            NODES.with_borrow_mut(|n| n.pop())
+        }
+
+        fn keep_node(node: Arc<Node<Rec>>) {
+            assert!(node.val.is_none() && node.left.is_none() && node.right.is_none(), "a spare is empty");
+            assert_eq!(Arc::strong_count(&node), 1, "a spare is nobody else's");
+            NODES.with_borrow_mut(|n| n.push(node));
+        }
+    }
     use proptest::prelude::*;
     use std::collections::BTreeMap;
 
@@ -344,6 +437,35 @@ mod tests {
     }
 
     proptest! {
+        /// Versions dropped through `recycle` hand their unshared nodes to
+        /// later changes, and no version still held changes.
+        #[test]
+        fn recycled_nodes_never_change_a_version_still_held(
+            ops in prop::collection::vec((0u8..4, 0u64..48), 0..300),
+        ) {
+            let mut t: PTree<Rec> = PTree::default();
+            let mut m = BTreeMap::new();
+            let mut versions: Vec<(PTree<Rec>, BTreeMap<u64, Rec>)> = Vec::new();
+            let mut recycled = 0usize;
+            for (op, k) in ops {
+                match op {
+                    0 => prop_assert_eq!(t.insert(k, Rec(k * 3)), m.insert(k, Rec(k * 3))),
+                    1 => prop_assert_eq!(t.remove(k), m.remove(&k)),
+                    2 => versions.push((t.clone(), m.clone())),
+                    _ if !versions.is_empty() => {
+                        let (v, _) = versions.swap_remove(k as usize % versions.len());
+                        recycle(v.root, &mut |_| recycled += 1, &mut Rec::keep_node);
+                    }
+                    _ => {}
+                }
+                prop_assert!(t.iter().eq(m.iter().map(|(&k, v)| (k, v))));
+                for (v, vm) in &versions {
+                    prop_assert!(v.iter().eq(vm.iter().map(|(&k, v)| (k, v))));
+                }
+            }
+            prop_assert!(recycled <= 300);
+        }
+
         #[test]
         fn behaves_like_a_btreemap(ops in prop::collection::vec((0u8..3, 0u64..64), 0..200)) {
             let mut t = PTree::default();

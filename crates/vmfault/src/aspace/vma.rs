@@ -201,6 +201,10 @@ impl Owner {
     }
 }
 
+/// The VMAs a change took out, in address order: inline up to four (no
+/// heap allocation on a munmap of a few VMAs).
+pub(crate) type Removed = smallvec::SmallVec<[Arc<Vma>; 4]>;
+
 /// Looking VMAs up, in one index or in the zones a change holds.
 pub(crate) trait Lookup {
     /// The first VMA that ends above `addr` (it may start above it too).
@@ -278,13 +282,13 @@ pub(crate) trait VmaIndex: Lookup {
     /// retiring the old ones: for operations that change what a VMA maps
     /// without changing the VMA (`MADV_DONTNEED`). Returns the old ones.
     /// Does not wait for their read-lockers: `MapWrite::renew` does.
-    fn renew_no_wait(&mut self, start: u64, end: u64) -> Vec<Arc<Vma>> {
-        let mut hit = Vec::new();
+    fn renew_no_wait(&mut self, start: u64, end: u64) -> Removed {
+        let mut hit = Removed::new();
         let mut pos = start;
         while let Some(v) = self.find_from(pos).filter(|v| v.start < end).cloned() {
             pos = v.end;
             self.remove(&v);
-            self.put(Arc::new(v.clip(v.start, v.end)));
+            self.put(super::spares::vma(v.clip(v.start, v.end)));
             hit.push(v);
         }
         hit
@@ -294,8 +298,8 @@ pub(crate) trait VmaIndex: Lookup {
     /// edge (their outside parts stay, as new VMAs). Returns the removed
     /// parts, clipped to the range, in address order. Does not wait for
     /// the read-lockers of the retired VMAs: `MapWrite::carve` does.
-    fn carve_no_wait(&mut self, start: u64, end: u64) -> Vec<Arc<Vma>> {
-        let mut removed = Vec::new();
+    fn carve_no_wait(&mut self, start: u64, end: u64) -> Removed {
+        let mut removed = Removed::new();
         // One lookup per VMA, not an iterator (whose stack, and the list of
         // what it found, were two heap allocations on every munmap): the
         // parts put back lie outside the range, so the next lookup finds
@@ -303,13 +307,13 @@ pub(crate) trait VmaIndex: Lookup {
         while let Some(v) = self.find_from(start).filter(|v| v.start < end).cloned() {
             self.remove(&v);
             if v.start < start {
-                self.put(Arc::new(v.clip(v.start, start)));
+                self.put(super::spares::vma(v.clip(v.start, start)));
             }
             if end < v.end {
-                self.put(Arc::new(v.clip(end, v.end)));
+                self.put(super::spares::vma(v.clip(end, v.end)));
             }
             let (s, e) = (v.start.max(start), v.end.min(end));
-            removed.push(if (s, e) == (v.start, v.end) { v } else { Arc::new(v.clip(s, e)) });
+            removed.push(if (s, e) == (v.start, v.end) { v } else { super::spares::vma(v.clip(s, e)) });
         }
         removed
     }
@@ -335,7 +339,7 @@ pub(crate) trait VmaIndex: Lookup {
             };
             if cur.can_merge_with(&next) {
                 let object = cur.object.get().or(next.object.get()).cloned();
-                let merged = Arc::new(Vma::new(cur.start, next.end, cur.prot, cur.flags, cur.pgoff, object));
+                let merged = super::spares::vma(Vma::new(cur.start, next.end, cur.prot, cur.flags, cur.pgoff, object));
                 retired.push(self.remove(&cur));
                 retired.push(self.remove(&next));
                 self.put(merged.clone());

@@ -423,25 +423,31 @@ impl Rcu {
     /// with `wait`, first wait for one if any is still pending. Must not be
     /// called inside a read-side section when `wait` is set.
     pub fn reclaim<T>(&self, list: &mut Vec<Retired<T>>, wait: bool) -> Vec<T> {
+        let mut out = Vec::new();
+        self.reclaim_into(list, wait, &mut out);
+        out
+    }
+
+    /// [`reclaim`](Rcu::reclaim) into `out` (a buffer of the caller's, so
+    /// that reclaiming allocates nothing).
+    pub fn reclaim_into<T>(&self, list: &mut Vec<Retired<T>>, wait: bool, out: &mut impl Extend<T>) {
         assert!(list.iter().all(|r| r.rcu == self.id()), "Retired of another Rcu");
         if wait && list.iter().any(|r| !self.elapsed(r.cookie)) {
             self.synchronize();
         }
         // One load for the whole list (Acquire, as in `elapsed`).
         let done = self.gp_done.load(Ordering::Acquire);
-        let mut out = Vec::new();
         let mut i = 0;
         while i < list.len() {
             if done > list[i].cookie.0 {
                 let mut r = list.swap_remove(i);
                 // SAFETY: taken exactly once; `r` is dropped right after
                 // without touching `item` (`Retired` has no drop glue for it).
-                out.push(unsafe { ManuallyDrop::take(&mut r.item) });
+                out.extend(Some(unsafe { ManuallyDrop::take(&mut r.item) }));
             } else {
                 i += 1;
             }
         }
-        out
     }
 
     /// Enter a read-side section as `reader` that pins the page of `addr`
