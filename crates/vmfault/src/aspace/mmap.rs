@@ -193,7 +193,8 @@ impl Space {
         let retired = map.merge_range(start, end);
         drop(map);
         self.end_removal(ctx, ptes, &frames, carved);
-        drop(retired);
+        // The one just inserted, if it merged, was never published: a spare.
+        retired.into_iter().for_each(spares::release_vma);
 
         let populate = (flags.contains(MapFlags::POPULATE) && !prot.is_empty())
             .then(|| if prot.contains(Prot::WRITE) && !shared { Access::Write } else { Access::Read });

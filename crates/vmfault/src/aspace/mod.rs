@@ -546,7 +546,7 @@ impl Space {
                 return;
             }
             let mut done = AgedSnapshots::new();
-            rcu.reclaim_into(&mut retired, false, &mut done);
+            rcu.reclaim_each(&mut retired, false, |s| done.push(s));
             drop(retired);
             self.drop_aged(ctx, done);
             return;
@@ -567,7 +567,7 @@ impl Space {
         // Wait for a grace period, without the lock (writers push to it
         // while holding the map lock).
         let mut done = AgedSnapshots::new();
-        rcu.reclaim_into(&mut list, true, &mut done);
+        rcu.reclaim_each(&mut list, true, |s| done.push(s));
         if !list.is_empty() {
             rank::lock(mine, Rank::Leaf).append(&mut list);
             pending.store(true, std::sync::atomic::Ordering::Relaxed);

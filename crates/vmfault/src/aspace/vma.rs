@@ -322,8 +322,8 @@ pub(crate) trait VmaIndex: Lookup {
     /// `start..=end`, left to right (Linux prefers merging with the
     /// previous VMA when a three-way merge is impossible). Returns the
     /// replaced VMAs, which the caller retires.
-    fn merge_range(&mut self, start: u64, end: u64) -> Vec<Arc<Vma>> {
-        let mut retired = Vec::new();
+    fn merge_range(&mut self, start: u64, end: u64) -> Removed {
+        let mut retired = Removed::new();
         let mut cur = match self.prev_of(start).cloned().or_else(|| self.find_from(start).cloned()) {
             Some(v) => v,
             None => return retired,

@@ -424,13 +424,13 @@ impl Rcu {
     /// called inside a read-side section when `wait` is set.
     pub fn reclaim<T>(&self, list: &mut Vec<Retired<T>>, wait: bool) -> Vec<T> {
         let mut out = Vec::new();
-        self.reclaim_into(list, wait, &mut out);
+        self.reclaim_each(list, wait, |t| out.push(t));
         out
     }
 
-    /// [`reclaim`](Rcu::reclaim) into `out` (a buffer of the caller's, so
-    /// that reclaiming allocates nothing).
-    pub fn reclaim_into<T>(&self, list: &mut Vec<Retired<T>>, wait: bool, out: &mut impl Extend<T>) {
+    /// [`reclaim`](Rcu::reclaim), giving each object to `take` (which
+    /// keeps it where the caller likes: reclaiming allocates nothing).
+    pub fn reclaim_each<T>(&self, list: &mut Vec<Retired<T>>, wait: bool, mut take: impl FnMut(T)) {
         assert!(list.iter().all(|r| r.rcu == self.id()), "Retired of another Rcu");
         if wait && list.iter().any(|r| !self.elapsed(r.cookie)) {
             self.synchronize();
@@ -443,7 +443,7 @@ impl Rcu {
                 let mut r = list.swap_remove(i);
                 // SAFETY: taken exactly once; `r` is dropped right after
                 // without touching `item` (`Retired` has no drop glue for it).
-                out.extend(Some(unsafe { ManuallyDrop::take(&mut r.item) }));
+                take(unsafe { ManuallyDrop::take(&mut r.item) });
             } else {
                 i += 1;
             }
