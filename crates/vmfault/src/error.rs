@@ -24,6 +24,10 @@ pub enum Op {
     Write,
     /// A single access through [`AddressSpace::touch`](crate::AddressSpace::touch).
     Touch,
+    /// An atomic read-modify-write of guest memory
+    /// ([`AddressSpace::compare_exchange_u64`](crate::AddressSpace::compare_exchange_u64)
+    /// and its siblings).
+    Atomic,
     /// [`AddressSpace::fork`](crate::AddressSpace::fork).
     Fork,
     /// [`AddressSpace::msync`](crate::AddressSpace::msync).
@@ -54,6 +58,7 @@ impl fmt::Display for Op {
             Op::Read => "read",
             Op::Write => "write",
             Op::Touch => "touch",
+            Op::Atomic => "atomic",
             Op::NewVm => "Vm::new",
             Op::NewSpace => "Vm::new_space",
             Op::Attach => "Vm::attach",

@@ -24,6 +24,7 @@
 //! where Linux silently ignores them in `mmap`.
 
 mod access;
+mod atomic;
 mod file;
 mod fork;
 mod hold;

@@ -465,6 +465,36 @@ impl PhysMem {
         }
     }
 
+    /// Read-modify-write the naturally aligned `size`-byte value (4 or 8)
+    /// at byte `offset` of a published frame, atomically and sequentially
+    /// consistently: `f` maps the current value to the new one, or to
+    /// `None` to leave it (a failed compare-exchange). Returns the value
+    /// before, `Ok` if `f` changed it. A 4-byte value is updated with a CAS
+    /// of its whole word, so that it is atomic with the word stores and
+    /// merges of `write_bytes` on the same word.
+    pub(crate) fn update_value(
+        &self,
+        pfn: Pfn,
+        offset: usize,
+        size: usize,
+        mut f: impl FnMut(u64) -> Option<u64>,
+    ) -> std::result::Result<u64, u64> {
+        assert!(matches!(size, 4 | 8) && offset.is_multiple_of(size) && offset < PAGE_SIZE as usize);
+        let word = &self.words(pfn)[offset / 8];
+        if size == 8 {
+            return word.fetch_update(Ordering::SeqCst, Ordering::SeqCst, f);
+        }
+        // The lane of the 4 bytes at `offset` within their word.
+        let at = offset % 8;
+        let shift = if cfg!(target_endian = "little") { at * 8 } else { (4 - at) * 8 };
+        let mask = 0xffff_ffffu64 << shift;
+        word.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |w| {
+            f((w & mask) >> shift).map(|v| (w & !mask) | ((v & 0xffff_ffff) << shift))
+        })
+        .map(|w| (w & mask) >> shift)
+        .map_err(|w| (w & mask) >> shift)
+    }
+
     /// Copy bytes into a published frame, starting at byte `offset`. Whole
     /// words are stored; partial words are merged with a CAS so that
     /// concurrent stores to the other bytes of the word are not lost.
