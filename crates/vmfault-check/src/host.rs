@@ -281,6 +281,20 @@ unsafe fn exec(sh: *mut Shared, base: u64, op: &TOp, fd: i32) -> RawResult {
                     }
                 }
             }
+            TOp::FetchAdd { off, val } => {
+                let a = base + off;
+                match probe(sh, Kind::TouchWrite, a, 1, ptr::null()) {
+                    (_, None) => {
+                        // The grandchild proved it writable: the add itself.
+                        let old = (*(a as *const std::sync::atomic::AtomicU64)).fetch_add(val, Ordering::SeqCst);
+                        let (at, n) = push_data(sh, old.to_ne_bytes().as_ptr(), 8);
+                        RawResult { data_at: at, data_len: n, ..res(K_DATA) }
+                    }
+                    (_, Some((fa, code))) => {
+                        RawResult { segv_off: fa as i64 - base as i64, segv_code: code, ..res(K_SEGV) }
+                    }
+                }
+            }
             // Run by `child` itself; never passed here.
             TOp::Fork | TOp::Switch(_) | TOp::Exit => res(K_ERR),
             TOp::Abs(a) => {

@@ -104,6 +104,12 @@ pub enum TOp {
         off: u64,
         write: bool,
     },
+    /// An atomic add of `val` to the 8-byte aligned `u64` at `off`
+    /// (`lock xadd`; vmfault's `fetch_add_u64`): the value before, as data.
+    FetchAdd {
+        off: u64,
+        val: u64,
+    },
     /// `mlock` (any offset: it rounds down).
     Mlock {
         off: u64,
@@ -379,6 +385,10 @@ pub fn run_vmfault(space: &AddressSpace, base: u64, op: &TOp, file: Option<&std:
             Ok(()) => Outcome::Ok,
             Err(e) => segv_or(e, base, Vec::new()),
         },
+        TOp::FetchAdd { off, val } => match space.fetch_add_u64(base + off, val) {
+            Ok(old) => Outcome::Data(old.to_ne_bytes().to_vec()),
+            Err(e) => segv_or(e, base, Vec::new()),
+        },
         TOp::Mlock { off, len } => unit(space.mlock(base + off, len)),
         TOp::Munlock { off, len } => unit(space.munlock(base + off, len)),
         TOp::Fork | TOp::Switch(_) | TOp::Exit => unreachable!("process ops are run by the caller: {op:?}"),
@@ -502,6 +512,7 @@ pub fn op() -> impl Strategy<Value = TOp> {
         (1..=(6 * P).min(W - off), any::<u8>()).prop_map(move |(len, seed)| TOp::Write { off, len, seed })
     });
     let touch = (0..W, any::<bool>()).prop_map(|(off, write)| TOp::Touch { off, write });
+    let fetch_add = (0..W / 8, any::<u64>()).prop_map(|(word, val)| TOp::FetchAdd { off: word * 8, val });
     let lock = (0..W, any::<bool>())
         .prop_flat_map(|(off, lock)| (Just(off), 0..=(12 * P).min(W - off), Just(lock)))
         .prop_map(|(off, len, lock)| if lock { TOp::Mlock { off, len } } else { TOp::Munlock { off, len } });
@@ -513,6 +524,7 @@ pub fn op() -> impl Strategy<Value = TOp> {
         8 => read,
         9 => write,
         5 => touch,
+        3 => fetch_add,
         4 => lock,
         1 => abs_op().prop_map(TOp::Abs),
     ]

@@ -181,6 +181,15 @@ impl Model {
                     Some((fault, code)) => Outcome::Segv { off: fault as i64, code, data: Vec::new() },
                 }
             }
+            TOp::FetchAdd { off, val } => match self.walk(off, 8, writable, |_, _, _, _| {}) {
+                None => {
+                    let (page, at) = (off / P, (off % P) as usize);
+                    let old = u64::from_ne_bytes(self.bytes(page)[at..at + 8].try_into().unwrap());
+                    self.store(page, at, &old.wrapping_add(val).to_ne_bytes());
+                    Outcome::Data(old.to_ne_bytes().to_vec())
+                }
+                Some((fault, code)) => Outcome::Segv { off: fault as i64, code, data: Vec::new() },
+            },
             TOp::Mlock { off, len } | TOp::Munlock { off, len } => {
                 // Linux's rounding: the start down, the length with the
                 // start's offset up; flags first, a hole stops them (and
