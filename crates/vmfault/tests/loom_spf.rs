@@ -32,6 +32,13 @@
 //! (`sync::generation`) makes the fault walk again; with `--cfg
 //! vmfault_mutation="generation_unchecked"` that model fails (and with
 //! `spf_no_recheck`: a fault that found the old VMA needs the re-check).
+//!
+//! The walk may also come from an earlier section: the vCPU's leaf hint
+//! (`pmap::LeafHint`) keeps its last walk with the count read before it,
+//! and a lookup takes it if the count has not moved (`Stamp::holds_at`),
+//! then goes on as from a fresh walk. With `--cfg
+//! vmfault_mutation="leaf_hint_unchecked"` (the hint taken whatever the
+//! count) that model fails.
 #![cfg(loom)]
 
 use loom::cell::UnsafeCell;
@@ -235,6 +242,76 @@ fn fault_from_an_earlier_walk_never_installs_into_a_pruned_table() {
 
         // munmap under the map lock: retire, unpublish, zap, prune (detach,
         // then count); then an mmap of the same range publishes a new VMA.
+        let r0 = readers.pop().unwrap();
+        let current = {
+            let g = rcu.read_lock(&r0);
+            index.read(&g).clone()
+        };
+        current.as_ref().expect("mapped").state.retire();
+        drop(current);
+        let old = index.replace(&rcu, None);
+        {
+            let (_guard, _) = spin::lock(&ptl);
+            pte.store(0, Ordering::Relaxed);
+        }
+        pmd.store(0, Ordering::Release);
+        prunes.bump();
+        let gone = index.replace(&rcu, live());
+        let mut retired = vec![old, gone];
+        drop(rcu.reclaim(&mut retired, true));
+        faulter.join().unwrap();
+        assert_eq!(pte.load(Ordering::Relaxed), 0, "a PTE was installed into a pruned page table");
+    });
+}
+
+#[test]
+#[cfg_attr(
+    any(
+        vmfault_mutation = "generation_unchecked",
+        vmfault_mutation = "spf_no_recheck",
+        vmfault_mutation = "leaf_hint_unchecked"
+    ),
+    should_panic(expected = "installed into a pruned page table")
+)]
+fn fault_from_a_hinted_walk_of_an_earlier_section_never_installs_into_a_pruned_table() {
+    loom::model(|| {
+        let (rcu, mut readers) = Rcu::new(2);
+        let rcu = Arc::new(rcu);
+        let live = || Some(Arc::new(Vma { state: VmaState::new(), fields: Fields(UnsafeCell::new(7)) }));
+        let index = Arc::new(RcuBox::new(live()));
+        let pmd = Arc::new(AtomicU64::new(1));
+        let ptl = Arc::new(AtomicU32::new(0));
+        let pte = Arc::new(AtomicU64::new(0));
+        let prunes = Arc::new(Generation::new());
+        let r1 = readers.pop().unwrap();
+        // An access of an earlier section walked the table and kept the
+        // walk with the count read before it (the hint).
+        let (hint_stamp, hint_leaf) = {
+            let _section = rcu.read_lock(&r1);
+            let stamp = prunes.stamp();
+            (stamp, pmd.load(Ordering::Acquire))
+        };
+
+        let faulter = {
+            let (rcu, index, pmd, ptl, pte, prunes) =
+                (rcu.clone(), index.clone(), pmd.clone(), ptl.clone(), pte.clone(), prunes.clone());
+            thread::spawn(move || {
+                let section = rcu.read_lock(&r1);
+                // The lookup: a stamp, then the hint if it holds, else a walk.
+                let stamp = prunes.stamp();
+                let walked = if hint_stamp.holds_at(stamp) { hint_leaf } else { pmd.load(Ordering::Acquire) };
+                // The speculative fault, as from a fresh walk.
+                let Some(vma) = index.read(&section).as_deref() else { return };
+                let leaf = if prunes.unchanged(stamp) { walked } else { pmd.load(Ordering::Acquire) };
+                if leaf == 0 {
+                    return;
+                }
+                speculative_fault(vma, &ptl, &pte);
+            })
+        };
+
+        // munmap (retire, unpublish, zap, prune: detach, then count), then
+        // an mmap of the same range.
         let r0 = readers.pop().unwrap();
         let current = {
             let g = rcu.read_lock(&r0);

@@ -75,6 +75,7 @@ impl Space {
         mut copy: impl FnMut(Pfn, usize, usize, usize),
     ) -> Result<()> {
         let phys = &ctx.m.phys;
+        let hint = &self.zones.cpus[ctx.index.min(self.zones.cpus.len() - 1)].leaf_hint;
         let mut done = 0usize;
         while done < len {
             let a = addr.saturating_add(done as u64);
@@ -87,7 +88,7 @@ impl Space {
             let off = (a % PAGE_SIZE) as usize;
             let n = (PAGE_SIZE as usize - off).min(len - done);
             let section = ctx.rcu_read();
-            match self.pmap.lookup(phys, a, access) {
+            match self.pmap.lookup(phys, a, access, hint) {
                 Ok(pfn) => {
                     if phys.queues.is_some() {
                         // The accessed bit a real MMU would set: the page

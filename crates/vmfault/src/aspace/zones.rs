@@ -83,6 +83,9 @@ pub(crate) struct SpaceCpu {
     /// `[a]` VMAs this vCPU's changes added, less those they removed, not
     /// yet moved to `Zones::vmas` (fewer than `COUNT_BATCH` either way).
     pub(super) vmas: AtomicIsize,
+    /// `[a]` this vCPU's last page-table walk in the space (its own: see
+    /// `pmap::LeafHint`).
+    pub(super) leaf_hint: crate::pmap::LeafHint,
 }
 
 /// Where the zones lie: `n` zones of `2^shift` bytes (one, of everything,

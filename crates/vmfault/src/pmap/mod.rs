@@ -15,4 +15,4 @@ pub(crate) mod table;
 
 pub(crate) use pte::Pte;
 pub(crate) use radix::{Leaf, OutOfFrames, Radix};
-pub(crate) use table::{Missed, Pmap};
+pub(crate) use table::{LeafHint, Missed, Pmap};

@@ -55,6 +55,42 @@ pub(crate) struct Missed<'p> {
     prunes: Stamp,
 }
 
+/// A vCPU's last walk in one page table: the level-0 node that holds the
+/// PTEs of one 2 MiB block, and the prune count read before the walk (a
+/// one-entry TLB of page-table pages, kept per vCPU per space). A lookup
+/// in the same block with the count unchanged takes the node from here
+/// instead of walking four levels: as the walk itself would, it reads
+/// PTEs of a node that no prune has detached since the count it holds,
+/// or (a prune in flight, its bump not yet seen) of a detached one that
+/// is still allocated for the reader's section, whose PTEs the prune
+/// zeroed first; a fault then re-checks the count after the VMA snapshot
+/// exactly as for a walk ([`Missed`]). Written and read by its vCPU only
+/// (Relaxed).
+#[derive(Debug, Default)]
+pub(crate) struct LeafHint {
+    /// The block (`vpn >> 9`) above bit 32, the node below; 0: none.
+    block_node: AtomicU64,
+    /// The prune count the walk read.
+    prunes: AtomicU64,
+}
+
+impl LeafHint {
+    /// The node this hint holds for `block`, if its count is `now`.
+    #[inline]
+    fn get(&self, block: u64, now: Stamp) -> Option<Pfn> {
+        let w = self.block_node.load(Ordering::Relaxed);
+        (w != 0 && w >> 32 == block + 1 && Stamp::from_bits(self.prunes.load(Ordering::Relaxed)).holds_at(now))
+            .then_some(Pfn(w as u32))
+    }
+
+    /// Remember a walk of `block` to `node` made after the count `stamp`.
+    #[inline]
+    fn set(&self, block: u64, node: Pfn, stamp: Stamp) {
+        self.block_node.store(((block + 1) << 32) | u64::from(node.0), Ordering::Relaxed);
+        self.prunes.store(stamp.to_bits(), Ordering::Relaxed);
+    }
+}
+
 #[inline]
 fn vpn(addr: u64) -> u64 {
     addr >> PAGE_SHIFT
@@ -84,11 +120,30 @@ impl Pmap {
     }
 
     /// `translate`, keeping what a fault needs when it misses (see
-    /// [`Missed`]). Same caller rule.
+    /// [`Missed`]), through this vCPU's [`LeafHint`] of this table: no
+    /// walk for an address in the block of its last one (a fault's
+    /// sequential neighbours, a copy's next page) while no prune
+    /// happened. Same caller rule.
     #[inline]
-    pub(crate) fn lookup<'p>(&self, phys: &'p PhysMem, addr: u64, access: Access) -> Result<Pfn, Missed<'p>> {
+    pub(crate) fn lookup<'p>(
+        &self,
+        phys: &'p PhysMem,
+        addr: u64,
+        access: Access,
+        hint: &LeafHint,
+    ) -> Result<Pfn, Missed<'p>> {
         let prunes = self.prunes.stamp();
-        let leaf = self.radix.leaf(phys, vpn(addr));
+        let (v, block) = (vpn(addr), vpn(addr) >> 9);
+        let leaf = match hint.get(block, prunes) {
+            Some(node) => Some(Leaf { entry: &phys.words(node)[(v % WORDS as u64) as usize], node }),
+            None => {
+                let leaf = self.radix.leaf(phys, v);
+                if let Some(l) = &leaf {
+                    hint.set(block, l.node, prunes);
+                }
+                leaf
+            }
+        };
         if let Some(l) = &leaf {
             // Acquire: as in `translate`.
             let pte = Pte(l.entry.load(Ordering::Acquire));

@@ -37,6 +37,35 @@ pub struct Generation(AtomicU64);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Stamp(u64);
 
+impl Stamp {
+    /// The count, to keep in an atomic word ([`Stamp::from_bits`]).
+    pub fn to_bits(self) -> u64 {
+        self.0
+    }
+
+    /// A stamp kept with [`Stamp::to_bits`].
+    pub fn from_bits(bits: u64) -> Stamp {
+        Stamp(bits)
+    }
+
+    /// Whether what was read after this stamp, in an earlier read-side
+    /// section, still holds at `now` (a stamp of the current section): no
+    /// change was counted in between, so it is what a read now would give
+    /// (or, a change in flight whose count `now` does not show yet, what
+    /// a read now could give too: the caller re-checks after its next
+    /// Acquire as for a fresh read, [`Generation::unchanged`]). The page
+    /// table's leaf hint keeps a walk across sections with it
+    /// (`pmap::LeafHint`); `tests/loom_spf.rs` fails when it does not look
+    /// (`--cfg vmfault_mutation="leaf_hint_unchecked"`).
+    #[inline]
+    pub fn holds_at(self, now: Stamp) -> bool {
+        if cfg!(vmfault_mutation = "leaf_hint_unchecked") {
+            return true;
+        }
+        self.0 == now.0
+    }
+}
+
 impl Generation {
     /// No change yet.
     pub fn new() -> Generation {
