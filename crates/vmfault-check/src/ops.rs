@@ -473,8 +473,17 @@ fn map_flags(place: Place) -> impl Strategy<Value = u32> {
         Place::HintShared | Place::AnywhereShared => Just(s).boxed(),
         _ => prop_oneof![24 => Just(p), 8 => Just(s), 1 => Just(0u32), 1 => Just(s | p)].boxed(),
     };
-    (ty, prop::bool::weighted(0.12), prop::bool::weighted(0.12))
-        .prop_map(move |(t, n, o)| t | a | if n { nr } else { 0 } | if o { pop } else { 0 })
+    // Flags Linux accepts and ignores here: thread stacks', the legacy
+    // no-ops, MAP_NONBLOCK (no populate), and a bit Linux does not define.
+    let ignored = prop_oneof![
+        20 => Just(0u32),
+        2 => Just(libc::MAP_STACK as u32),
+        1 => Just(libc::MAP_NONBLOCK as u32),
+        1 => Just((libc::MAP_DENYWRITE | libc::MAP_EXECUTABLE) as u32),
+        1 => Just(0x0080_0000u32),
+    ];
+    (ty, prop::bool::weighted(0.12), prop::bool::weighted(0.12), ignored)
+        .prop_map(move |(t, n, o, i)| t | a | if n { nr } else { 0 } | if o { pop } else { 0 } | i)
 }
 
 fn advice() -> impl Strategy<Value = i32> {

@@ -47,7 +47,12 @@ impl Prot {
 }
 
 bitflags! {
-    /// Mapping flags, as `MAP_*`. Exactly one of `PRIVATE` and `SHARED` is required.
+    /// Mapping flags, as `MAP_*`. Exactly one of `PRIVATE` and `SHARED` is
+    /// required (both: `MAP_SHARED_VALIDATE`, for a file). Bits Linux does
+    /// not define are ignored, as Linux ignores them (refused with
+    /// `MAP_SHARED_VALIDATE`: `EOPNOTSUPP`); flags Linux defines that
+    /// vmfault does not model (`MAP_32BIT`, `MAP_GROWSDOWN`, `MAP_LOCKED`,
+    /// `MAP_HUGETLB`, `MAP_SYNC`, the `MAP_DROPPABLE` type) are `EINVAL`.
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
     pub struct MapFlags: u32 {
         /// `MAP_SHARED`: stores are visible to every mapping of the object.
@@ -64,6 +69,20 @@ bitflags! {
         const POPULATE = libc::MAP_POPULATE as u32;
         /// `MAP_FIXED_NOREPLACE`: like `FIXED`, but fail with `EEXIST` over an existing mapping.
         const FIXED_NOREPLACE = libc::MAP_FIXED_NOREPLACE as u32;
+        /// `MAP_STACK`: a thread stack (glibc and musl pass it on every
+        /// `pthread_create`). Linux (6.7 on) keeps huge pages off it
+        /// (`VM_NOHUGEPAGE`), which also keeps it from merging with
+        /// mappings made without it: so here.
+        const STACK = libc::MAP_STACK as u32;
+        /// `MAP_NONBLOCK`: with `POPULATE`, do not fault the pages in (as Linux).
+        const NONBLOCK = libc::MAP_NONBLOCK as u32;
+        /// `MAP_DENYWRITE`: ignored, as Linux ignores it.
+        const DENYWRITE = libc::MAP_DENYWRITE as u32;
+        /// `MAP_EXECUTABLE`: ignored, as Linux ignores it.
+        const EXECUTABLE = libc::MAP_EXECUTABLE as u32;
+        /// `MAP_UNINITIALIZED`: ignored, as Linux ignores it unless built
+        /// for no-MMU devices (pages are always zeroed).
+        const UNINITIALIZED = 0x0400_0000;
     }
 }
 

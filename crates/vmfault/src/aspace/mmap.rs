@@ -24,9 +24,12 @@ impl AddressSpace {
     /// Linux; a non-zero `addr` without `FIXED` is a hint that is honoured
     /// when the range is free. `FIXED` replaces whatever is mapped there;
     /// `FIXED_NOREPLACE` fails with `EEXIST` instead. `POPULATE` faults every
-    /// page in (failures to populate are ignored, as in Linux).
+    /// page in (failures to populate are ignored, as in Linux), unless with
+    /// `NONBLOCK`. Flag bits Linux does not define are ignored, as Linux
+    /// ignores them (see [`MapFlags`]).
     ///
-    /// Errors (`errno`): unknown flag or protection bits, zero length,
+    /// Errors (`errno`): a flag Linux defines that vmfault does not model
+    /// (see [`MapFlags`]), unknown protection bits, zero length,
     /// neither or both of `PRIVATE`/`SHARED`, an unaligned `FIXED` address
     /// (`EINVAL`); no `ANONYMOUS` (`EBADF`: file mappings take a file);
     /// no room or a range beyond `TASK_SIZE` (`ENOMEM`); a fixed range
@@ -42,6 +45,38 @@ impl AddressSpace {
         }
         Ok(a)
     }
+}
+
+/// Linux's `LEGACY_MAP_MASK`: the flags `MAP_SHARED_VALIDATE` accepts
+/// (of those, vmfault refuses the ones it does not model first).
+const LEGACY_MAP_MASK: u32 = (libc::MAP_SHARED
+    | libc::MAP_PRIVATE
+    | libc::MAP_FIXED
+    | libc::MAP_ANONYMOUS
+    | libc::MAP_DENYWRITE
+    | libc::MAP_EXECUTABLE
+    | 0x0400_0000 // MAP_UNINITIALIZED
+    | libc::MAP_GROWSDOWN
+    | libc::MAP_LOCKED
+    | libc::MAP_NORESERVE
+    | libc::MAP_POPULATE
+    | libc::MAP_NONBLOCK
+    | libc::MAP_STACK
+    | libc::MAP_HUGETLB) as u32;
+
+/// The flags of `flags` that Linux defines and vmfault does not model, if
+/// any: a mapping type other than shared, private or shared-validate (the
+/// type is the low four bits: `MAP_DROPPABLE` is 8), `MAP_32BIT`,
+/// `MAP_GROWSDOWN`, `MAP_LOCKED`, `MAP_HUGETLB` (and its page-size bits,
+/// which count only with it), `MAP_SYNC`. Bits Linux does not define are
+/// not among them: `mmap` ignores them as Linux does.
+fn unmodelled(flags: MapFlags) -> Option<u32> {
+    const TYPE: u32 = 0x0f;
+    let bits = flags.bits();
+    let odd_type = if bits & TYPE & !0x03 != 0 { bits & TYPE } else { 0 };
+    let known = (libc::MAP_32BIT | libc::MAP_GROWSDOWN | libc::MAP_LOCKED | libc::MAP_HUGETLB | libc::MAP_SYNC) as u32;
+    let found = odd_type | (bits & known);
+    (found != 0).then_some(found)
 }
 
 impl Space {
@@ -69,8 +104,8 @@ impl Space {
         {
             return Err(Error::BadDescriptor { op });
         }
-        if MapFlags::from_bits(flags.bits()).is_none() {
-            return Err(Error::inval(op, "unknown MAP_* flag bits", u64::from(flags.bits() & !MapFlags::all().bits())));
+        if let Some(bits) = unmodelled(flags) {
+            return Err(Error::inval(op, "a MAP_* flag vmfault does not model", u64::from(bits)));
         }
         if Prot::from_bits(prot.bits()).is_none() {
             return Err(Error::inval(op, "unknown PROT_* bits", u64::from(prot.bits())));
@@ -125,13 +160,14 @@ impl Space {
         let validate = type_bits == MapFlags::SHARED | MapFlags::PRIVATE;
         if validate && file.is_some() {
             // `MAP_SHARED_VALIDATE`: `MAP_SHARED` that refuses the flags
-            // it does not know (`MAP_SHARED` ignores them); of vmfault's,
-            // `MAP_FIXED_NOREPLACE` is not among Linux's legacy flags.
-            if flags.contains(MapFlags::FIXED_NOREPLACE) {
+            // outside Linux's legacy set (`MAP_SHARED` ignores them):
+            // `MAP_FIXED_NOREPLACE`, and the bits Linux does not define.
+            let outside = flags.bits() & !LEGACY_MAP_MASK;
+            if outside != 0 {
                 return Err(Error::NotSupported {
                     op,
                     reason: "MAP_SHARED_VALIDATE with a flag outside the legacy set",
-                    value: u64::from(MapFlags::FIXED_NOREPLACE.bits()),
+                    value: u64::from(outside),
                 });
             }
         } else if type_bits != MapFlags::SHARED && type_bits != MapFlags::PRIVATE {
@@ -174,6 +210,9 @@ impl Space {
         if no_write {
             vflags |= VmaFlags::NO_WRITE;
         }
+        if flags.contains(MapFlags::STACK) {
+            vflags |= VmaFlags::NOHUGEPAGE;
+        }
         if flags.contains(MapFlags::NORESERVE) {
             vflags |= VmaFlags::NORESERVE;
         } else if !shared && prot.contains(Prot::WRITE) {
@@ -196,7 +235,7 @@ impl Space {
         // The one just inserted, if it merged, was never published: a spare.
         retired.into_iter().for_each(spares::release_vma);
 
-        let populate = (flags.contains(MapFlags::POPULATE) && !prot.is_empty())
+        let populate = (flags.contains(MapFlags::POPULATE) && !flags.contains(MapFlags::NONBLOCK) && !prot.is_empty())
             .then(|| if prot.contains(Prot::WRITE) && !shared { Access::Write } else { Access::Read });
         Ok((start, populate))
     }

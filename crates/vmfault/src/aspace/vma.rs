@@ -51,6 +51,10 @@ bitflags! {
         /// `VM_LOCKED`: `mlock`ed. Its pages are faulted in and wired, each
         /// through a PTE marked wired; faults in it wire what they map.
         const LOCKED = 1 << 7;
+        /// `VM_NOHUGEPAGE`: mapped with `MAP_STACK` (Linux 6.7 on keeps
+        /// huge pages off thread stacks; here it only keeps such a mapping
+        /// from merging with others, as in Linux).
+        const NOHUGEPAGE = 1 << 8;
     }
 }
 
