@@ -16,6 +16,7 @@
 //! let mut buf = [0u8; 5];
 //! space.read(a + 10, &mut buf)?;
 //! assert_eq!(&buf, b"hello");
+//! assert_eq!(space.fetch_add_u64(a + 16, 1)?, 0); // guest atomics: `lock xadd`, `cmpxchg`, `xchg`
 //! space.touch(a + 8192, Access::Write)?; // one fault, like a single store
 //! space.munmap(a, 1 << 20)?;
 //! assert_eq!(vm.stats().faults, 2);
