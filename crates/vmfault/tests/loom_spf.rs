@@ -208,7 +208,28 @@ fn model_with(writer_pte: fn(u64) -> u64, path: Path) {
     should_panic(expected = "installed into a pruned page table")
 )]
 fn fault_from_an_earlier_walk_never_installs_into_a_pruned_table() {
-    loom::model(|| {
+    pruned_table_model(false);
+}
+
+#[test]
+#[cfg_attr(
+    any(
+        vmfault_mutation = "generation_unchecked",
+        vmfault_mutation = "spf_no_recheck",
+        vmfault_mutation = "leaf_hint_unchecked"
+    ),
+    should_panic(expected = "installed into a pruned page table")
+)]
+fn fault_from_a_hinted_walk_of_an_earlier_section_never_installs_into_a_pruned_table() {
+    pruned_table_model(true);
+}
+
+/// A speculative fault that goes on from a walk made before its snapshot
+/// read (the software MMU's, in the same section; or, `hinted`, one kept
+/// from an earlier section with the count read before it: the vCPU's leaf
+/// hint), racing a munmap that prunes the table and an mmap of the range.
+fn pruned_table_model(hinted: bool) {
+    loom::model(move || {
         let (rcu, mut readers) = Rcu::new(2);
         let rcu = Arc::new(rcu);
         let live = || Some(Arc::new(Vma { state: VmaState::new(), fields: Fields(UnsafeCell::new(7)) }));
@@ -220,15 +241,25 @@ fn fault_from_an_earlier_walk_never_installs_into_a_pruned_table() {
         let pte = Arc::new(AtomicU64::new(0));
         let prunes = Arc::new(Generation::new());
         let r1 = readers.pop().unwrap();
+        // An access of an earlier section walked the table and kept the
+        // walk with the count read before it (the hint).
+        let hint = hinted.then(|| {
+            let _section = rcu.read_lock(&r1);
+            (prunes.stamp(), pmd.load(Ordering::Acquire))
+        });
 
         let faulter = {
             let (rcu, index, pmd, ptl, pte, prunes) =
                 (rcu.clone(), index.clone(), pmd.clone(), ptl.clone(), pte.clone(), prunes.clone());
             thread::spawn(move || {
                 let section = rcu.read_lock(&r1);
-                // The software MMU's lookup: stamp, walk (the PTE is empty).
+                // The software MMU's lookup: a stamp, then the hint if it
+                // holds, else a walk (the PTE is empty).
                 let stamp = prunes.stamp();
-                let walked = pmd.load(Ordering::Acquire);
+                let walked = match hint {
+                    Some((kept, leaf)) if kept.holds_at(stamp) => leaf,
+                    _ => pmd.load(Ordering::Acquire),
+                };
                 // The speculative fault: the snapshot, then the walk again
                 // only if a prune was counted since (`Pmap::pte_after`).
                 let Some(vma) = index.read(&section).as_deref() else { return };
@@ -242,76 +273,6 @@ fn fault_from_an_earlier_walk_never_installs_into_a_pruned_table() {
 
         // munmap under the map lock: retire, unpublish, zap, prune (detach,
         // then count); then an mmap of the same range publishes a new VMA.
-        let r0 = readers.pop().unwrap();
-        let current = {
-            let g = rcu.read_lock(&r0);
-            index.read(&g).clone()
-        };
-        current.as_ref().expect("mapped").state.retire();
-        drop(current);
-        let old = index.replace(&rcu, None);
-        {
-            let (_guard, _) = spin::lock(&ptl);
-            pte.store(0, Ordering::Relaxed);
-        }
-        pmd.store(0, Ordering::Release);
-        prunes.bump();
-        let gone = index.replace(&rcu, live());
-        let mut retired = vec![old, gone];
-        drop(rcu.reclaim(&mut retired, true));
-        faulter.join().unwrap();
-        assert_eq!(pte.load(Ordering::Relaxed), 0, "a PTE was installed into a pruned page table");
-    });
-}
-
-#[test]
-#[cfg_attr(
-    any(
-        vmfault_mutation = "generation_unchecked",
-        vmfault_mutation = "spf_no_recheck",
-        vmfault_mutation = "leaf_hint_unchecked"
-    ),
-    should_panic(expected = "installed into a pruned page table")
-)]
-fn fault_from_a_hinted_walk_of_an_earlier_section_never_installs_into_a_pruned_table() {
-    loom::model(|| {
-        let (rcu, mut readers) = Rcu::new(2);
-        let rcu = Arc::new(rcu);
-        let live = || Some(Arc::new(Vma { state: VmaState::new(), fields: Fields(UnsafeCell::new(7)) }));
-        let index = Arc::new(RcuBox::new(live()));
-        let pmd = Arc::new(AtomicU64::new(1));
-        let ptl = Arc::new(AtomicU32::new(0));
-        let pte = Arc::new(AtomicU64::new(0));
-        let prunes = Arc::new(Generation::new());
-        let r1 = readers.pop().unwrap();
-        // An access of an earlier section walked the table and kept the
-        // walk with the count read before it (the hint).
-        let (hint_stamp, hint_leaf) = {
-            let _section = rcu.read_lock(&r1);
-            let stamp = prunes.stamp();
-            (stamp, pmd.load(Ordering::Acquire))
-        };
-
-        let faulter = {
-            let (rcu, index, pmd, ptl, pte, prunes) =
-                (rcu.clone(), index.clone(), pmd.clone(), ptl.clone(), pte.clone(), prunes.clone());
-            thread::spawn(move || {
-                let section = rcu.read_lock(&r1);
-                // The lookup: a stamp, then the hint if it holds, else a walk.
-                let stamp = prunes.stamp();
-                let walked = if hint_stamp.holds_at(stamp) { hint_leaf } else { pmd.load(Ordering::Acquire) };
-                // The speculative fault, as from a fresh walk.
-                let Some(vma) = index.read(&section).as_deref() else { return };
-                let leaf = if prunes.unchanged(stamp) { walked } else { pmd.load(Ordering::Acquire) };
-                if leaf == 0 {
-                    return;
-                }
-                speculative_fault(vma, &ptl, &pte);
-            })
-        };
-
-        // munmap (retire, unpublish, zap, prune: detach, then count), then
-        // an mmap of the same range.
         let r0 = readers.pop().unwrap();
         let current = {
             let g = rcu.read_lock(&r0);

@@ -76,16 +76,24 @@ pub(crate) fn release_vma(mut v: Arc<Vma>) {
     // Released outside the borrow of the spares: an object's end may
     // release other things.
     let object = record.object.take();
-    let kept = with(|s| {
-        if s.vmas.len() < KEEP {
-            s.vmas.push(v);
+    keep(v, |s| &mut s.vmas);
+    drop(object);
+}
+
+/// Keep `item` in the list of this thread's spares that `list` picks, if
+/// it has room; else (or while the thread is ending) drop it, outside the
+/// borrow.
+fn keep<T>(item: T, list: impl FnOnce(&mut Spares) -> &mut Vec<T>) {
+    let extra = with(|s| {
+        let l = list(s);
+        if l.len() < KEEP {
+            l.push(item);
             None
         } else {
-            Some(v)
+            Some(item)
         }
     });
-    drop(kept);
-    drop(object);
+    drop(extra);
 }
 
 /// Let go of a dropped version of the index: its records and the nodes
@@ -100,15 +108,7 @@ impl Recycle for Arc<Vma> {
     }
 
     fn keep_node(node: Arc<SnapshotNode>) {
-        let extra = with(|s| {
-            if s.nodes.len() < KEEP {
-                s.nodes.push(node);
-                None
-            } else {
-                Some(node)
-            }
-        });
-        drop(extra);
+        keep(node, |s| &mut s.nodes);
     }
 }
 
