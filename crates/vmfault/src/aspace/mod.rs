@@ -604,8 +604,7 @@ impl Space {
     /// and no global lock (`object::dropping_aged`). Their nodes and
     /// records become this thread's spares (`aspace/spares.rs`).
     fn drop_aged(&self, ctx: &Ctx<'_>, done: impl IntoIterator<Item = Snapshot>) {
-        let freed = crate::object::dropping_aged(|| done.into_iter().for_each(spares::release_snapshot));
-        ctx.frames().free_aged(&freed);
+        aged(ctx, || done.into_iter().for_each(spares::release_snapshot));
     }
 
     /// Drop the VMAs a change removed (their objects may end here), after
@@ -620,12 +619,19 @@ impl Space {
     pub(crate) fn drop_removed(&self, ctx: &Ctx<'_>, removed: vma::Removed, unlinked: crate::sync::rcu::GpCookie) {
         let ends = || removed.iter().any(|v| v.object.get().is_some());
         if ctx.m.rcu.elapsed(unlinked) || (ends() && ctx.m.rcu.poll(unlinked)) {
-            let freed = crate::object::dropping_aged(|| removed.into_iter().for_each(spares::release_vma));
-            ctx.frames().free_aged(&freed);
+            aged(ctx, || removed.into_iter().for_each(spares::release_vma));
         } else {
             removed.into_iter().for_each(spares::release_vma);
         }
     }
+}
+
+/// Run `drop_them`, which may end objects a grace period after every way
+/// to them was unlinked, and give their frames to this vCPU's cache
+/// (`object::dropping_aged`).
+fn aged(ctx: &Ctx<'_>, drop_them: impl FnOnce()) {
+    let freed = crate::object::dropping_aged(drop_them);
+    ctx.frames().free_aged(&freed);
 }
 
 /// A PTE of space `id` at `addr` that mapped `old` was cleared: drop its
