@@ -29,6 +29,8 @@ pub(crate) struct PerCpuOwned {
     pub(crate) rcu: RcuReader,
     /// `[o]` next object serial number handed out by this vCPU.
     next_object: Cell<u64>,
+    /// `[o]` this vCPU's last reserve in an object index.
+    pub(crate) index_hint: crate::object::IndexHint,
 }
 
 /// Everything a `Vm` owns, shared by its handles, spaces and objects.
@@ -301,7 +303,10 @@ impl Vm {
         let mut readers = readers.into_iter();
         let cpus = CpuSet::new(config.cpus, |_| {
             let reader = readers.next().expect("one reader per slot");
-            (PerCpu { counters: CounterSet::new() }, PerCpuOwned { rcu: reader, next_object: Cell::new(1) })
+            (
+                PerCpu { counters: CounterSet::new() },
+                PerCpuOwned { rcu: reader, next_object: Cell::new(1), index_hint: Default::default() },
+            )
         });
         let daemon_reader = readers.next().expect("the page daemon's reader");
         let swap = match &config.swap {

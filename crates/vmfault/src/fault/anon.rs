@@ -147,7 +147,7 @@ pub(super) fn resolve_stable(
     let c = Commit { space, object, pindex, found: now, fresh };
     let resolved = commit_locked(ctx, &frames, vma, &leaf, &ptl, c, fault, f);
     drop(held);
-    resolved
+    Ok(resolved)
 }
 
 /// A page this fault read in (from swap or its file), held with a wiring
@@ -221,7 +221,7 @@ impl Lack {
 /// caller looked; `slot`, the object's slot for `pindex` if the caller
 /// has reserved it already.
 #[allow(clippy::too_many_arguments)]
-#[inline]
+#[inline(always)]
 pub(super) fn new_page<'p>(
     ctx: &Ctx<'_>,
     frames: &Frames<'p>,
@@ -246,7 +246,7 @@ pub(super) fn new_page<'p>(
     let o = object.expect("allocating faults have an object");
     let slot = match slot {
         Some(s) => s,
-        None => o.reserve(frames, pindex).map_err(|_| Lack::Index)?,
+        None => o.reserve(frames, pindex, &ctx.own.index_hint).map_err(|_| Lack::Index)?,
     };
     let frame = frames.alloc().ok_or(Lack::Frame)?;
     Ok(Some(Fresh { frame, slot }))
@@ -310,7 +310,7 @@ pub(super) fn commit_locked(
     c: Commit<'_>,
     fault: Fault,
     f: &mut impl FnMut(Pfn),
-) -> Result<Resolved> {
+) -> Resolved {
     let phys = frames.phys();
     let write = fault.access == Access::Write;
     let (existing, below) = split(c.found);
@@ -318,7 +318,7 @@ pub(super) fn commit_locked(
     if cur.allows(fault.access) {
         discard(frames, c.fresh);
         f(cur.pfn());
-        return Ok(Resolved::Raced);
+        return Resolved::Raced;
     }
     let (pfn, resolved) = match (existing, c.fresh) {
         (Some(p), fresh) => {
@@ -331,7 +331,7 @@ pub(super) fn commit_locked(
                 Insert::Ours(p) => (p, Resolved::ZeroFill),
                 Insert::Theirs(p) => (p, Resolved::Mapped),
                 // Paged out since the lookup: read it in again.
-                Insert::Swapped => return Ok(Resolved::Retry),
+                Insert::Swapped => return Resolved::Retry,
             }
         }
         // A read of a page an object below holds (shared, read-only), or
@@ -343,7 +343,7 @@ pub(super) fn commit_locked(
             (None, Found::Zero) => (phys.zero_pfn(), Resolved::ZeroPage),
             // A page to read in (the callers look again before they get
             // here, but a file page is never the zero page's business).
-            (None, _) => return Ok(Resolved::Retry),
+            (None, _) => return Resolved::Retry,
         },
     };
     // A page the daemon is paging out (or a removal of every mapping is
@@ -353,7 +353,7 @@ pub(super) fn commit_locked(
     if pfn != phys.zero_pfn() {
         let page = phys.page(pfn);
         if page.refs.is_blocked() {
-            return Ok(Resolved::Retry);
+            return Resolved::Retry;
         }
         page.touch();
     }
@@ -377,7 +377,7 @@ pub(super) fn commit_locked(
             // Diagnostic: Retry is right whatever the page (a new one is in
             // its object already; the retry finds it blocked and waits).
             debug_assert!(matches!(resolved, Resolved::Mapped | Resolved::Upgraded), "a new page was blocked");
-            return Ok(Resolved::Retry);
+            return Resolved::Retry;
         }
         pte = pte.wired();
     }
@@ -394,7 +394,7 @@ pub(super) fn commit_locked(
     // contents are visible to whoever sees this PTE.
     leaf.entry.store(pte.0, Ordering::Release);
     f(pfn);
-    Ok(resolved)
+    resolved
 }
 
 /// Keep the pv lists right as the PTE of `space` at `addr` goes from `old`

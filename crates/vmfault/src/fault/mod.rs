@@ -199,36 +199,29 @@ pub(crate) fn handle_looked(
     ctx.count(Counter::faults);
     let fault = Fault { addr, access, op };
     let path = ctx.m.config.fault_path;
-    let lockless = match path {
-        FaultPath::MapLock => {
-            drop(looked);
-            None
-        }
-        FaultPath::Speculative => Some(speculative::fault(ctx, space, fault, looked, &mut f).map(|r| {
-            ctx.count(Counter::spf);
-            Ok(r)
-        })),
+    let resolved = match path {
+        FaultPath::Speculative => match speculative::fault(ctx, space, fault, looked, &mut f) {
+            Ok(r) => {
+                ctx.count(Counter::spf);
+                if r == Resolved::Retry { classic(ctx, space, fault, &mut f)? } else { r }
+            }
+            Err(why) => fell_back(ctx, space, fault, why, &mut f)?,
+        },
         FaultPath::VmaLock => {
             drop(looked);
-            Some(vma_lock::fault(ctx, space, fault, &mut f).inspect(|_| ctx.count(Counter::vma_lock)))
-        }
-    };
-    let resolved = match lockless {
-        Some(Ok(Ok(Resolved::Retry))) | None => classic(ctx, space, fault, &mut f)?,
-        Some(Ok(r)) => r.inspect_err(|e| count_bus(ctx, e))?,
-        Some(Err(why)) => {
-            if path == FaultPath::VmaLock {
-                ctx.count(Counter::vma_lock_fallbacks);
-            } else if let Some(c) = why.counter() {
-                ctx.count(c);
+            match vma_lock::fault(ctx, space, fault, &mut f) {
+                Ok(r) => {
+                    ctx.count(Counter::vma_lock);
+                    match r {
+                        Ok(Resolved::Retry) => classic(ctx, space, fault, &mut f)?,
+                        r => r.inspect_err(|e| count_bus(ctx, e))?,
+                    }
+                }
+                Err(why) => fell_back(ctx, space, fault, why, &mut f)?,
             }
-            tracing::debug!(
-                target: "vmfault::fault",
-                reason = why.name(),
-                addr = fault.addr,
-                path = path.name(),
-                "lockless fault fell back to the map lock"
-            );
+        }
+        FaultPath::MapLock => {
+            drop(looked);
             classic(ctx, space, fault, &mut f)?
         }
     };
@@ -242,6 +235,27 @@ pub(crate) fn handle_looked(
         Resolved::Retry => unreachable!("the classic path retries"),
     });
     Ok(())
+}
+
+/// A lockless fault that gave up (`why`): count it, trace it, and run the
+/// classic path.
+#[cold]
+#[inline(never)]
+fn fell_back(ctx: &Ctx<'_>, space: &Space, fault: Fault, why: Abort, f: &mut impl FnMut(Pfn)) -> Result<Resolved> {
+    let path = ctx.m.config.fault_path;
+    if path == FaultPath::VmaLock {
+        ctx.count(Counter::vma_lock_fallbacks);
+    } else if let Some(c) = why.counter() {
+        ctx.count(c);
+    }
+    tracing::debug!(
+        target: "vmfault::fault",
+        reason = why.name(),
+        addr = fault.addr,
+        path = path.name(),
+        "lockless fault fell back to the map lock"
+    );
+    classic(ctx, space, fault, f)
 }
 
 /// The classic path, again while the page it finds is being removed from

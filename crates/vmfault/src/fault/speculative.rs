@@ -69,7 +69,7 @@ pub(super) fn fault(
     // first and reads the object's own entry from it: one walk down the
     // index instead of three (look up, reserve, insert).
     let slot = match object {
-        Some(o) if allocate => Some(o.reserve(&frames, pindex).map_err(|_| Abort::NoMem)?),
+        Some(o) if allocate => Some(o.reserve(&frames, pindex, &ctx.own.index_hint).map_err(|_| Abort::NoMem)?),
         _ => None,
     };
     // Down the copy-on-write chain too: a collapse, which moves pages up
@@ -96,5 +96,5 @@ pub(super) fn fault(
         return Err(Abort::VmaChanged);
     }
     let c = Commit { space, object, pindex, found, fresh };
-    anon::commit_locked(ctx, &frames, vma, &leaf, &guard, c, fault, f).map_err(|_| Abort::NoMem)
+    Ok(anon::commit_locked(ctx, &frames, vma, &leaf, &guard, c, fault, f))
 }

@@ -85,5 +85,5 @@ fn locked(
     if contended {
         ctx.count(Counter::pte_lock_contended);
     }
-    Ok(anon::commit_locked(ctx, frames, vma, &leaf, &ptl, c, fault, f))
+    Ok(Ok(anon::commit_locked(ctx, frames, vma, &leaf, &ptl, c, fault, f)))
 }

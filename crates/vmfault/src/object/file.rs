@@ -161,7 +161,9 @@ impl Object {
         let fd = self.file.as_ref().expect("fill of a file object");
         let frames = ctx.frames();
         let nomem = |what| Error::NoMemory { op, what };
-        let slot = self.reserve(&frames, pindex).map_err(|_: OutOfFrames| nomem("an object's page-index node"))?;
+        let slot = self
+            .reserve(&frames, pindex, &ctx.own.index_hint)
+            .map_err(|_: OutOfFrames| nomem("an object's page-index node"))?;
         let mut frame = match frames.alloc() {
             Some(f) => f,
             // The cached files hold frames nobody maps: let them go first.

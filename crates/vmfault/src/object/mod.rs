@@ -188,9 +188,31 @@ impl Object {
 
     /// Make sure the index has a slot for `pindex`, allocating index nodes
     /// now (before any lock, so that `insert` need not), and return it.
+    /// `hint`: the calling vCPU's last reserve, which spares the walk when
+    /// it was in the same leaf of this object (see [`IndexHint`]).
     #[inline]
-    pub(crate) fn reserve<'p>(&self, frames: &Frames<'p>, pindex: u64) -> Result<Slot<'p>, OutOfFrames> {
+    pub(crate) fn reserve<'p>(
+        &self,
+        frames: &Frames<'p>,
+        pindex: u64,
+        hint: &IndexHint,
+    ) -> Result<Slot<'p>, OutOfFrames> {
+        let block = pindex >> LEAF_SHIFT;
+        if hint.object.get() == self.id && hint.block.get() == block {
+            let leaf = self.index.leaf_in(frames.phys(), Pfn(hint.node.get()), pindex);
+            return Ok(Slot { leaf, object: self.id, pindex });
+        }
+        self.reserve_walk(frames, pindex, hint)
+    }
+
+    /// [`reserve`](Object::reserve) down the index, remembered in `hint`.
+    #[cold]
+    #[inline(never)]
+    fn reserve_walk<'p>(&self, frames: &Frames<'p>, pindex: u64, hint: &IndexHint) -> Result<Slot<'p>, OutOfFrames> {
         let (leaf, _) = self.index.leaf_alloc(frames, pindex)?;
+        hint.object.set(self.id);
+        hint.block.set(pindex >> LEAF_SHIFT);
+        hint.node.set(leaf.node.0);
         Ok(Slot { leaf, object: self.id, pindex })
     }
 
@@ -278,6 +300,29 @@ impl Object {
             out.push(pfn);
         }
     }
+}
+
+/// Page indexes per level-0 node of an object's index.
+const LEAF_SHIFT: u32 = 9;
+
+/// A vCPU's last [`Object::reserve`] (its owner-only part, `vm::PerCpuOwned`):
+/// the level-0 node of one object's index that holds the slots of one
+/// block of 512 page indexes, so that a fault next to the last one (the
+/// usual case: memory is touched in order) takes its slot with no walk.
+///
+/// Sound because an object's index nodes are freed only by its teardown
+/// (`Drop`, the last reference gone) and never move (a taller index puts
+/// new roots above the old ones), and object ids are never reused in a
+/// `Vm`: whoever reserves in object `id` holds a reference to it, so a
+/// node recorded for `id` is still that object's node for the block.
+#[derive(Debug, Default)]
+pub(crate) struct IndexHint {
+    /// The object's id (0: none; ids start above 2^48).
+    object: std::cell::Cell<u64>,
+    /// The block (`pindex >> 9`).
+    block: std::cell::Cell<u64>,
+    /// Its level-0 node.
+    node: std::cell::Cell<u32>,
 }
 
 /// A slot of an object's page index made by [`Object::reserve`]: where

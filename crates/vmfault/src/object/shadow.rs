@@ -107,7 +107,7 @@ impl Object {
     /// [`Object::find`], reading this object's own entry from `slot` (its
     /// slot for `pindex`, reserved by the caller) instead of walking down
     /// the index again.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn find_from<'a>(
         &'a self,
         pindex: u64,

@@ -501,29 +501,29 @@ impl PhysMem {
     pub(crate) fn write_bytes(&self, pfn: Pfn, offset: usize, data: &[u8]) {
         assert!(offset + data.len() <= PAGE_SIZE as usize);
         let words = self.words(pfn);
-        let mut off = offset;
-        let mut done = 0;
-        while done < data.len() {
+        let (mut off, mut rest) = (offset, data);
+        while !rest.is_empty() {
             let at = off % 8;
-            let n = (8 - at).min(data.len() - done);
+            let (piece, tail) = rest.split_at((8 - at).min(rest.len()));
             let word = &words[off / 8];
-            if n == 8 {
-                let mut b = [0u8; 8];
-                b.copy_from_slice(&data[done..done + 8]);
-                word.store(u64::from_ne_bytes(b), Ordering::Relaxed);
+            if let Ok(whole) = <[u8; 8]>::try_from(piece) {
+                word.store(u64::from_ne_bytes(whole), Ordering::Relaxed);
             } else {
-                // The bytes and their mask as words, built once (not inside
-                // the CAS loop, and with no call to copy a few bytes).
-                let (mut bytes, mut mask) = ([0u8; 8], [0u8; 8]);
-                for (i, &b) in data[done..done + n].iter().enumerate() {
-                    bytes[at + i] = b;
-                    mask[at + i] = 0xff;
+                // The bytes and their mask, shifted into place as in a
+                // little-endian word (`from_le` puts them where the
+                // host's byte order has them), built once outside the CAS
+                // loop.
+                let (mut bytes, mut mask) = (0u64, 0u64);
+                for (i, &b) in piece.iter().enumerate() {
+                    let shift = 8 * (at + i);
+                    bytes |= u64::from(b) << shift;
+                    mask |= 0xff << shift;
                 }
-                let (bytes, mask) = (u64::from_ne_bytes(bytes), u64::from_ne_bytes(mask));
+                let (bytes, mask) = (u64::from_le(bytes), u64::from_le(mask));
                 let _ = word.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| Some(old & !mask | bytes));
             }
-            done += n;
-            off += n;
+            off += piece.len();
+            rest = tail;
         }
     }
 }
@@ -550,6 +550,30 @@ mod tests {
             assert_eq!(ascending, ordered, "ordered={ordered}: {again:?}");
             for p in again {
                 frames.free_owned(OwnedFrame(Pfn(p)));
+            }
+        }
+    }
+
+    #[test]
+    fn byte_stores_keep_the_rest_of_their_words() {
+        let (rcu, _r) = Rcu::new(1);
+        let phys = PhysMem::new(8, false, &rcu, NO_PCP, false, false).unwrap();
+        let pfn = phys.publish(Frames::global(&phys).alloc_zeroed().unwrap(), Kind::Data);
+        let mut model = [0u8; 32];
+        let mut serial = 0u8;
+        for offset in 0..24 {
+            for len in 0..=(24 - offset) {
+                let data: Vec<u8> = (0..len)
+                    .map(|_| {
+                        serial = serial.wrapping_add(37);
+                        serial
+                    })
+                    .collect();
+                phys.write_bytes(pfn, offset, &data);
+                model[offset..offset + len].copy_from_slice(&data);
+                let mut got = [0u8; 32];
+                phys.read_bytes(pfn, 0, &mut got);
+                assert_eq!(got, model, "after {len} bytes at {offset}");
             }
         }
     }

@@ -84,32 +84,47 @@ impl<'a> Frames<'a> {
         // Frames taken off this vCPU's deferred list stay in transit until
         // `local` has published the magazine's new length (a drain reads it).
         let mut moving = None;
-        let got = pcp.local(cpu.rcu, cpu.reader, |m| {
-            if let Some(p) = m.pop() {
+        let got = pcp.local(cpu.rcu, cpu.reader, |m| match m.pop() {
+            Some(p) => {
                 cpu.counters.inc(Counter::pcp_hit);
-                return Some(p);
+                Some(p)
             }
-            cpu.counters.inc(Counter::pcp_miss);
-            // free_path=deferred: this vCPU's own frees whose grace period
-            // has ended come back here first (nothing crosses the global list).
-            if let Some(d) = &phys.deferred {
-                moving = Some(self.take_back(m, d));
-                if let Some(p) = m.pop() {
-                    return Some(p);
-                }
-            }
-            // The stack's top (the most recently freed, warmest frame) must
-            // come out first, as it would without the cache (handing the
-            // batch out reversed cost page_fault1 13%): `take` yields the
-            // warmest last, so it lands on top of the magazine.
-            phys.free.take(&phys.pages, phys.pcp_config.fill.min(m.capacity()), m);
-            if phys.free.free_frames() < phys.free_target {
-                phys.doorbell.ring();
-            }
-            m.pop()
+            None => self.refill(cpu, m, &mut moving),
         });
         drop(moving);
         got
+    }
+
+    /// A miss in this vCPU's magazine `m`: fill it and take a frame.
+    /// `moving`: where frames taken back from the deferred list stay in
+    /// transit until the caller has left `local`.
+    #[cold]
+    #[inline(never)]
+    fn refill<'d>(
+        &'d self,
+        cpu: &CpuFrames<'_>,
+        m: &mut Magazine<u32>,
+        moving: &mut Option<super::deferred::InTransit<'d>>,
+    ) -> Option<u32> {
+        let phys = self.phys;
+        cpu.counters.inc(Counter::pcp_miss);
+        // free_path=deferred: this vCPU's own frees whose grace period
+        // has ended come back here first (nothing crosses the global list).
+        if let Some(d) = &phys.deferred {
+            *moving = Some(self.take_back(m, d));
+            if let Some(p) = m.pop() {
+                return Some(p);
+            }
+        }
+        // The stack's top (the most recently freed, warmest frame) must
+        // come out first, as it would without the cache (handing the
+        // batch out reversed cost page_fault1 13%): `take` yields the
+        // warmest last, so it lands on top of the magazine.
+        phys.free.take(&phys.pages, phys.pcp_config.fill.min(m.capacity()), m);
+        if phys.free.free_frames() < phys.free_target {
+            phys.doorbell.ring();
+        }
+        m.pop()
     }
 
     /// Allocate a frame; when no frame is free on the global list, drain

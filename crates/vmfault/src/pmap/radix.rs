@@ -227,6 +227,15 @@ impl Radix {
             }
             node = child_of(e);
         }
+        Ok((self.leaf_in(phys, node, index), added))
+    }
+
+    /// The slot of `index` in `node`, the level-0 node that holds it
+    /// (returned by an earlier [`leaf_alloc`](Radix::leaf_alloc) of this
+    /// tree, and not freed since: the caller knows the tree is alive, and
+    /// an object index frees nodes only in its teardown).
+    #[inline]
+    pub(crate) fn leaf_in<'p>(&self, phys: &'p PhysMem, node: Pfn, index: u64) -> Leaf<'p> {
         let at = slot_at(index, 0);
         if self.kind == Kind::Index {
             // An object index's entries that own a frame or a swap slot
@@ -237,7 +246,7 @@ impl Radix {
             // nothing).
             widen_span(&phys.page(node).children, at);
         }
-        Ok((Leaf { entry: &phys.words(node)[slot_at(index, 0)], node }, added))
+        Leaf { entry: &phys.words(node)[at], node }
     }
 
     /// Make the root cover `index` (an object index: tables have their

@@ -17,7 +17,7 @@
 // argument; the crate denies `unsafe_code` everywhere else.
 #![allow(unsafe_code)]
 
-use std::cell::{RefCell, UnsafeCell};
+use std::cell::{Cell, RefCell, UnsafeCell};
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -42,6 +42,23 @@ struct TlsEntry {
 thread_local! {
     /// The slots this thread is attached to (one per `CpuSet`), and its live claims.
     static REGISTRY: RefCell<Vec<TlsEntry>> = const { RefCell::new(Vec::new()) };
+    /// One attachment of this thread, claimed with no scan and no borrow
+    /// (a thread usually runs one `Vm`: every operation's claim is here).
+    /// While an attachment is here, this is where its claim is marked, not
+    /// its `REGISTRY` entry.
+    static FAST: Cell<Fast> = const { Cell::new(Fast::NONE) };
+}
+
+/// [`FAST`]'s attachment: set id (0: none), slot, a claim live on it.
+#[derive(Clone, Copy)]
+struct Fast {
+    set: u64,
+    slot: usize,
+    busy: bool,
+}
+
+impl Fast {
+    const NONE: Fast = Fast { set: 0, slot: 0, busy: false };
 }
 
 struct Slot<S, O> {
@@ -132,6 +149,13 @@ impl<S, O> CpuSet<S, O> {
             if slot.state.compare_exchange(FREE, ATTACHED, Ordering::Acquire, Ordering::Relaxed).is_ok() {
                 REGISTRY
                     .with(|r| r.borrow_mut().push(TlsEntry { set: self.id, slot: i, busy: false, transient: false }));
+                // The newest attachment takes the fast entry unless a claim
+                // is live on the one there.
+                FAST.with(|f| {
+                    if !f.get().busy {
+                        f.set(Fast { set: self.id, slot: i, busy: false });
+                    }
+                });
                 return Ok(Attachment { set_id: self.id, index: i, _not_send: PhantomData });
             }
         }
@@ -143,6 +167,12 @@ impl<S, O> CpuSet<S, O> {
         assert_eq!(a.set_id, self.id, "Attachment of another CpuSet");
         // `try_with`: a guard kept in another thread-local may drop after the
         // registry is gone, at thread exit; the slot is freed all the same.
+        let _ = FAST.try_with(|f| {
+            if f.get().set == self.id {
+                assert!(!f.get().busy, "detach while an operation holds the slot");
+                f.set(Fast::NONE);
+            }
+        });
         let _ = REGISTRY.try_with(|r| {
             let mut r = r.borrow_mut();
             if let Some(pos) = r.iter().position(|e| e.set == self.id && !e.transient) {
@@ -164,7 +194,26 @@ impl<S, O> CpuSet<S, O> {
     ///
     /// Panics if this thread already holds a claim on this set (claims do
     /// not nest; pass the claim down instead).
+    #[inline]
     pub(crate) fn claim(&self) -> Claim<'_, S, O> {
+        let fast = FAST.with(|f| {
+            let v = f.get();
+            (v.set == self.id).then(|| {
+                assert!(!v.busy, "nested vCPU claim on one thread");
+                f.set(Fast { busy: true, ..v });
+                v.slot
+            })
+        });
+        if let Some(index) = fast {
+            return Claim { set: self, index, _shared: None, _not_send: PhantomData };
+        }
+        self.claim_slow()
+    }
+
+    /// [`claim`](CpuSet::claim) of an attachment not in [`FAST`], or of
+    /// the shared slot.
+    #[inline(never)]
+    fn claim_slow(&self) -> Claim<'_, S, O> {
         let attached = REGISTRY.with(|r| {
             let mut r = r.borrow_mut();
             for e in r.iter_mut().filter(|e| e.set == self.id) {
@@ -200,7 +249,28 @@ impl<S, O> Claim<'_, S, O> {
 }
 
 impl<S, O> Drop for Claim<'_, S, O> {
+    #[inline]
     fn drop(&mut self) {
+        let id = self.set.id;
+        let index = self.index;
+        let fast = FAST.try_with(|f| {
+            let v = f.get();
+            let mine = v.set == id && v.slot == index && v.busy;
+            if mine {
+                f.set(Fast { busy: false, ..v });
+            }
+            mine
+        });
+        if fast != Ok(true) {
+            self.drop_slow();
+        }
+    }
+}
+
+impl<S, O> Claim<'_, S, O> {
+    /// The end of a claim not in [`FAST`].
+    #[inline(never)]
+    fn drop_slow(&mut self) {
         let id = self.set.id;
         let index = self.index;
         let _ = REGISTRY.try_with(|r| {
@@ -268,6 +338,32 @@ mod tests {
         let other = std::thread::spawn(move || s2.attach().err()).join().unwrap();
         assert_eq!(other, Some(None));
         s.detach(a);
+    }
+
+    #[test]
+    fn a_thread_attached_to_two_sets_claims_each_and_nests_across_them() {
+        let (a, b) = (set(2), set(2));
+        let ta = a.attach().unwrap();
+        let tb = b.attach().unwrap();
+        for _ in 0..2 {
+            let ca = a.claim();
+            let cb = b.claim();
+            assert_eq!((ca.index(), cb.index()), (ta.index(), tb.index()));
+            drop(ca);
+            // The other set's claim is still live: a second one panics.
+            let again = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(b.claim())));
+            assert!(again.is_err(), "nested claim of the second set");
+            drop(cb);
+        }
+        let (ia, ib) = (ta.index(), tb.index());
+        a.detach(ta);
+        // Detached from one: its claims take the shared slot, the other's
+        // still its own.
+        assert_eq!(a.claim().index(), 2);
+        assert_eq!(b.claim().index(), ib);
+        b.detach(tb);
+        assert_eq!(b.claim().index(), 2);
+        assert!(!a.is_attached(ia));
     }
 
     #[test]
