@@ -355,6 +355,13 @@ pub struct VmConfig {
     /// `Global` on the project's 2-core machine, and 0.90x-0.97x at one
     /// vCPU (README, "Disjoint changes").
     pub map_lock: MapLock,
+    /// Page-table pages a prune detaches are cleared as it walks them and
+    /// marked as holding zeros, and their next owner (a new table, an
+    /// index node, a data page) takes them without zeroing them again
+    /// (FreeBSD frees page-table pages with `vm_page_free_zero` and skips
+    /// `pmap_zero_page` for `PG_ZERO` pages). `false` zeroes every frame
+    /// at allocation, as before. Default true.
+    pub reuse_zeroed: bool,
 }
 
 impl Default for VmConfig {
@@ -379,6 +386,7 @@ impl Default for VmConfig {
             swap_bytes: 0,
             frame_order: FrameOrder::Ordered,
             map_lock: MapLock::Zoned,
+            reuse_zeroed: true,
         }
     }
 }
@@ -419,6 +427,7 @@ impl VmConfig {
             "swap_bytes" => self.swap_bytes = parse_size(value)?,
             "frame_order" => self.frame_order = FrameOrder::parse(value)?,
             "map_lock" => self.map_lock = MapLock::parse(value)?,
+            "reuse_zeroed" => self.reuse_zeroed = parse_bool(value)?,
             "lifecycle" => self.set_lifecycle(value)?,
             "pcpu_drain_hz" => {
                 self.pcpu_drain_hz = u32::try_from(parse_num(value)?).map_err(|_| "too large for a u32")?
@@ -428,27 +437,28 @@ impl VmConfig {
         Ok(())
     }
 
-    /// The `lifecycle` shorthand: the four knobs of a page's life and of
+    /// The `lifecycle` shorthand: the five knobs of a page's life and of
     /// the changes around it (`frame_order`, `pcpu_high`, `free_path`,
-    /// `map_lock`) at once, so that one `--compare
+    /// `map_lock`, `reuse_zeroed`) at once, so that one `--compare
     /// lifecycle=baseline,sync,default` measures the plain lifecycle
     /// (`baseline`: LIFO reuse, the fixed 16-frame cache, frees that wait
-    /// for their grace period, one map lock per space; `seed` is another
-    /// name for it) beside ordered frames and adaptive caches with waiting
-    /// frees (`sync`) and beside the defaults (`default`, which `deferred`
-    /// names too: every mechanism on). `sync` and `deferred` take the
-    /// default map lock. It is not a knob of its own: `knobs()` lists the
-    /// four it sets.
+    /// for their grace period, one map lock per space, every frame zeroed
+    /// at allocation; `seed` is another name for it) beside ordered frames
+    /// and adaptive caches with waiting frees (`sync`) and beside the
+    /// defaults (`default`, which `deferred` names too: every mechanism
+    /// on). `sync` and `deferred` take the default map lock and zero
+    /// reuse. It is not a knob of its own: `knobs()` lists the five it sets.
     fn set_lifecycle(&mut self, value: &str) -> std::result::Result<(), &'static str> {
         let d = VmConfig::default();
-        let (order, high, free, map_lock) = match value.trim() {
-            "baseline" | "seed" => (FrameOrder::Lifo, PcpHigh::Fixed, FreePath::Sync, MapLock::Global),
-            "default" => (d.frame_order, d.pcpu_high, d.free_path, d.map_lock),
-            "sync" => (FrameOrder::Ordered, PcpHigh::Auto, FreePath::Sync, d.map_lock),
-            "deferred" => (FrameOrder::Ordered, PcpHigh::Auto, FreePath::Deferred, d.map_lock),
+        let (order, high, free, map_lock, zeroed) = match value.trim() {
+            "baseline" | "seed" => (FrameOrder::Lifo, PcpHigh::Fixed, FreePath::Sync, MapLock::Global, false),
+            "default" => (d.frame_order, d.pcpu_high, d.free_path, d.map_lock, d.reuse_zeroed),
+            "sync" => (FrameOrder::Ordered, PcpHigh::Auto, FreePath::Sync, d.map_lock, d.reuse_zeroed),
+            "deferred" => (FrameOrder::Ordered, PcpHigh::Auto, FreePath::Deferred, d.map_lock, d.reuse_zeroed),
             _ => return Err("expected baseline, sync, default or deferred"),
         };
-        (self.frame_order, self.pcpu_high, self.free_path, self.map_lock) = (order, high, free, map_lock);
+        (self.frame_order, self.pcpu_high, self.free_path, self.map_lock, self.reuse_zeroed) =
+            (order, high, free, map_lock, zeroed);
         Ok(())
     }
 
@@ -474,6 +484,7 @@ impl VmConfig {
             ("swap_bytes", self.swap_bytes.to_string()),
             ("frame_order", self.frame_order.name().to_string()),
             ("map_lock", self.map_lock.name().to_string()),
+            ("reuse_zeroed", self.reuse_zeroed.to_string()),
         ]
     }
 
@@ -607,7 +618,7 @@ mod tests {
     }
 
     #[test]
-    fn lifecycle_sets_the_four_knobs_of_a_page_life() {
+    fn lifecycle_sets_the_five_knobs_of_a_page_life() {
         let mut c = VmConfig::default();
         c.set("lifecycle", "baseline").unwrap();
         let seed = [
@@ -615,6 +626,7 @@ mod tests {
             ("free_path", "sync".to_string()),
             ("frame_order", "lifo".to_string()),
             ("map_lock", "global".to_string()),
+            ("reuse_zeroed", "false".to_string()),
         ];
         assert_eq!(c.non_default_knobs(), seed.to_vec());
         c.set("lifecycle", "sync").unwrap();

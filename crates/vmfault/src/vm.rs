@@ -295,6 +295,7 @@ impl Vm {
             phys.set_free_target(config.free_target);
         }
         phys.set_ordered(config.frame_order == crate::config::FrameOrder::Ordered);
+        phys.set_reuse_zeroed(config.reuse_zeroed);
         if config.free_path == crate::config::FreePath::Deferred {
             // One list per RCU reader (the vCPU slots, the slot of threads
             // not attached, the daemon's), then the unowned one.

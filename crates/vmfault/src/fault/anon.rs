@@ -259,7 +259,7 @@ pub(super) fn filled<'p>(frames: &Frames<'_>, mut fresh: Option<Fresh<'p>>, foun
     if let Some(new) = fresh.as_mut() {
         match found {
             Found::Below(src) => frames.phys().copy_into(&mut new.frame, src),
-            _ => frames.phys().zero(&mut new.frame),
+            _ => frames.zero(&mut new.frame),
         }
     }
     fresh

@@ -100,6 +100,9 @@ pub(crate) struct PhysMem {
     pub(crate) queues: Option<PageQueues>,
     /// `[I]` bulk frees sort their frames (`VmConfig::frame_order`).
     ordered: bool,
+    /// `[I]` frames known to hold zeros are not zeroed again
+    /// (`VmConfig::reuse_zeroed`, `mark_zeroed`).
+    reuse_zeroed: bool,
     /// `[S]` frees nobody waits for (`VmConfig::free_path = deferred`; locks
     /// inside); see `deferred`.
     pub(crate) deferred: Option<deferred::Deferred>,
@@ -154,6 +157,7 @@ impl PhysMem {
             free_target,
             queues: queues.then(|| PageQueues::new(rcu)),
             ordered: false,
+            reuse_zeroed: false,
             deferred: None,
         })
     }
@@ -299,6 +303,35 @@ impl PhysMem {
         self.deferred.as_ref().map_or(0, |d| d.held())
     }
 
+    /// Hand frames known to hold zeros out again without zeroing them
+    /// (`VmConfig::reuse_zeroed`).
+    pub(crate) fn set_reuse_zeroed(&mut self, on: bool) {
+        self.reuse_zeroed = on;
+    }
+
+    /// Whether frames known to hold zeros are marked (`mark_zeroed`).
+    #[inline]
+    pub(crate) fn reuses_zeroed(&self) -> bool {
+        self.reuse_zeroed
+    }
+
+    /// Record that published frame `pfn`, detached and on its way to be
+    /// freed, holds only zeros, so that its next zeroing can be skipped.
+    /// The caller cleared it (or found it clear) and nobody writes it
+    /// before it is freed: lockless readers may still read it until their
+    /// grace period, and see zeros. Nothing without `reuse_zeroed`.
+    pub(crate) fn mark_zeroed(&self, pfn: Pfn) {
+        if self.reuse_zeroed {
+            // Diagnostic: a frame marked with data in it would hand that
+            // data to the next owner, as a page of another space.
+            debug_assert!(
+                self.words(pfn).iter().all(|w| w.load(Ordering::Relaxed) == 0),
+                "{pfn:?} marked zeroed is not"
+            );
+            self.page(pfn).zeroed.store(1, Ordering::Relaxed);
+        }
+    }
+
     /// Sort bulk frees by address (`VmConfig::frame_order = ordered`).
     pub(crate) fn set_ordered(&mut self, ordered: bool) {
         self.ordered = ordered;
@@ -348,17 +381,37 @@ impl PhysMem {
         &self.pages[pfn.0 as usize]
     }
 
-    /// Fill an owned frame with zeros (plain writes: rule 1).
+    /// Fill an owned frame with zeros (plain writes: rule 1), unless it is
+    /// known to hold them already (`mark_zeroed`). Says whether it wrote.
     #[inline]
-    pub(crate) fn zero(&self, f: &mut OwnedFrame) {
+    pub(crate) fn zero(&self, f: &mut OwnedFrame) -> bool {
+        let page = self.page(f.0);
+        if page.zeroed.load(Ordering::Relaxed) != 0 {
+            page.zeroed.store(0, Ordering::Relaxed);
+            // Diagnostic: see `mark_zeroed`.
+            debug_assert!(self.words(f.0).iter().all(|w| w.load(Ordering::Relaxed) == 0), "{:?} was not zero", f.0);
+            return false;
+        }
         // SAFETY: the frame lies inside the arena, and an `OwnedFrame` is
         // reachable by nobody else (rule 1), so plain writes race nothing.
         unsafe { std::ptr::write_bytes(self.arena.frame_ptr(f.0.0), 0, PAGE_SIZE as usize) }
+        true
+    }
+
+    /// An owned frame is about to be written other than by [`zero`]
+    /// (PhysMem::zero): it no longer holds only zeros.
+    #[inline]
+    fn dirtied(&self, f: &OwnedFrame) {
+        let page = self.page(f.0);
+        if page.zeroed.load(Ordering::Relaxed) != 0 {
+            page.zeroed.store(0, Ordering::Relaxed);
+        }
     }
 
     /// The bytes of an owned frame, for plain writes (rule 1): a file's
     /// page is read straight into it.
     pub(crate) fn owned_bytes<'a>(&'a self, f: &'a mut OwnedFrame) -> &'a mut [u8] {
+        self.dirtied(f);
         // SAFETY: the frame is PAGE_SIZE bytes inside the arena, which
         // outlives `&self`; an `OwnedFrame` is reachable by nobody else
         // (rule 1), and the `&mut` borrow of it makes this slice the only
@@ -369,6 +422,7 @@ impl PhysMem {
     /// Fill an owned frame with a copy of a published one (copy-on-write):
     /// atomic loads from `src` (rule 2), plain stores to `f` (rule 1).
     pub(crate) fn copy_into(&self, f: &mut OwnedFrame, src: Pfn) {
+        self.dirtied(f);
         let from = self.words(src);
         let to = self.arena.frame_ptr(f.0.0).cast::<u64>();
         for (i, w) in from.iter().enumerate() {
@@ -382,6 +436,8 @@ impl PhysMem {
     /// Publish an owned frame as `kind`; from now on only atomics touch it.
     #[inline]
     pub(crate) fn publish(&self, f: OwnedFrame, kind: Kind) -> Pfn {
+        // Published, the frame is written by atomics nobody tracks.
+        self.dirtied(&f);
         self.page(f.0).set_kind(Kind::Owned, kind);
         f.0
     }

@@ -89,9 +89,15 @@ pub(crate) struct Page {
     /// only that span. Zero while the frame is free, and for
     /// every other kind.
     pub(crate) children: AtomicU32,
+    /// `[o]` the frame holds only zeros (`PhysMem::mark_zeroed`): set by
+    /// whoever frees a frame it cleared itself (a page-table page a prune
+    /// detached, `pmap::radix`), kept across the free, cleared by the next
+    /// write to the frame (its zeroing, which this lets it skip; a copy, a
+    /// read-in; its publication). FreeBSD's `PG_ZERO`.
+    pub(crate) zeroed: AtomicU32,
 }
 
-/// The budget: at most 64 bytes per frame (48 used), one cache line, so
+/// The budget: at most 64 bytes per frame (52 used), one cache line, so
 /// that metadata stays a sixty-fourth of memory.
 /// Not under loom, whose model atomics are larger than the real ones.
 #[cfg(not(loom))]
@@ -110,6 +116,7 @@ impl Page {
             qnext: AtomicU32::new(0),
             qprev: AtomicU32::new(0),
             children: AtomicU32::new(0),
+            zeroed: AtomicU32::new(0),
         }
     }
 

@@ -199,8 +199,19 @@ impl<'a> Frames<'a> {
     /// Allocate a zeroed frame.
     pub(crate) fn alloc_zeroed(&self) -> Option<OwnedFrame> {
         let mut f = self.alloc()?;
-        self.phys.zero(&mut f);
+        self.zero(&mut f);
         Some(f)
+    }
+
+    /// Zero an owned frame (`PhysMem::zero`), counting the zeroings a
+    /// frame known to hold zeros spared.
+    #[inline]
+    pub(crate) fn zero(&self, f: &mut OwnedFrame) {
+        if !self.phys.zero(f)
+            && let Some(cpu) = &self.cpu
+        {
+            cpu.counters.inc(Counter::zeroings_skipped);
+        }
     }
 
     /// Free a frame nobody else can reach (never published, or taken back).

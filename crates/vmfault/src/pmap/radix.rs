@@ -429,6 +429,8 @@ fn prune_node(phys: &PhysMem, node: Pfn, level: u32, base: u64, r: &PruneRange, 
 fn collect_pruned(phys: &PhysMem, node: Pfn, level: u32, base: u64, r: &PruneRange, out: &mut Vec<Pfn>) {
     if level == 0 {
         collect(phys, node, 0, out, Leaves::Empty);
+        // Every PTE of a pruned leaf is clear (checked in debug builds).
+        phys.mark_zeroed(node);
         return;
     }
     let words = phys.words(node);
@@ -441,14 +443,28 @@ fn collect_pruned(phys: &PhysMem, node: Pfn, level: u32, base: u64, r: &PruneRan
     );
     let first = (r.start.saturating_sub(base) / span(level)).min(WORDS as u64) as usize;
     let end = (r.end.saturating_sub(base).div_ceil(span(level))).min(WORDS as u64) as usize;
+    // With `reuse_zeroed`, each child's slot is cleared as it is found, so
+    // that the node freed holds only zeros and is not zeroed again by its
+    // next owner. A reader still walking the detached subtree then finds
+    // the level missing instead of an empty table: the same answer (no
+    // PTE) by another road, which it already takes for a table not yet
+    // allocated.
+    let clear = phys.reuses_zeroed();
     for (from, to) in [(first, end), (0, first), (end, WORDS)] {
         let mut i = from;
         while left > 0 {
             let Some((at, e)) = next_nonzero(words, i, to) else { break };
             i = at + 1;
             left -= 1;
+            if clear {
+                words[at].store(0, Ordering::Relaxed);
+            }
             collect_pruned(phys, child_of(e), level - 1, base + at as u64 * span(level), r, out);
         }
+    }
+    if clear {
+        phys.page(node).children.store(0, Ordering::Relaxed);
+        phys.mark_zeroed(node);
     }
     out.push(node);
 }
@@ -761,6 +777,45 @@ mod tests {
         assert_eq!(out.len(), 6, "the level-2 node, two level-1 nodes, three leaf nodes");
         assert_eq!(out.len() as u64, free - phys.global_free_frames(), "every node the tree had");
         assert!(r.leaf(&phys, 0).is_none() && r.leaf(&phys, (511 << 18) + 7).is_none());
+    }
+
+    #[test]
+    fn pruned_nodes_are_cleared_marked_and_reused_without_zeroing() {
+        for reuse in [false, true] {
+            let (rcu, _r) = crate::sync::rcu::Rcu::new(1);
+            let mut phys = PhysMem::new(64, false, &rcu, NO_PCP, false, false).unwrap();
+            phys.set_reuse_zeroed(reuse);
+            let frames = Frames::global(&phys);
+            let r = Radix::table(&frames).unwrap();
+            for at in [0u64, 511 << 9, (511 << 18) + 7] {
+                r.leaf_alloc(&frames, at).unwrap();
+            }
+            let mut out = Vec::new();
+            r.prune(&phys, PruneRange { start: 0, end: 1 << 27, floor: 0, ceiling: 1 << 27 }, &mut out);
+            assert_eq!(out.len(), 6);
+            for &p in &out {
+                let zero = phys.words(p).iter().all(|w| w.load(Ordering::Relaxed) == 0);
+                let marked = phys.page(p).zeroed.load(Ordering::Relaxed) != 0;
+                // Without reuse the interior nodes keep their pointers.
+                assert_eq!((zero || !reuse, marked), (true, reuse), "reuse={reuse}: {p:?}");
+            }
+            phys.free_after_grace(&rcu, &out);
+            // A marked frame comes back zero with no zeroing, and unmarked.
+            let mut got: Vec<_> = (0..out.len()).map(|_| frames.alloc().unwrap()).collect();
+            let mut skipped = 0;
+            for f in &mut got {
+                let p = f.pfn();
+                let had = phys.page(p).zeroed.load(Ordering::Relaxed) != 0;
+                assert_eq!(phys.zero(f), !had);
+                skipped += usize::from(had);
+                assert_eq!(phys.page(p).zeroed.load(Ordering::Relaxed), 0);
+                assert!(phys.owned_bytes(f).iter().all(|&b| b == 0));
+            }
+            assert_eq!(skipped, if reuse { out.len() } else { 0 });
+            for f in got {
+                frames.free_owned(f);
+            }
+        }
     }
 
     /// Every interior node's child count equals its non-zero entries.
