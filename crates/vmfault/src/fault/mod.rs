@@ -38,6 +38,7 @@
 
 mod anon;
 mod classic;
+mod lockless;
 mod speculative;
 mod vma_lock;
 

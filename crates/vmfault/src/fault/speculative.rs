@@ -24,9 +24,9 @@
 //! the caller counts it, emits a trace event and runs the classic path.
 
 use super::anon::{self, Commit};
+use super::lockless::{self, Prepared};
 use super::{Abort, Fault, Looked, Resolved};
 use crate::aspace::Space;
-use crate::object::Found;
 use crate::phys::Pfn;
 use crate::stats::Counter;
 use crate::sync::spin;
@@ -49,38 +49,15 @@ pub(super) fn fault(
         Some(l) => (l.section, Some(l.missed)),
         None => (ctx.rcu_read(), None),
     };
-    let vma = space.snapshot(&section, fault.addr).find(fault.addr).ok_or(Abort::NoVma)?;
-    if !vma.state.is_live() {
-        return Err(Abort::VmaChanged);
-    }
-    if !vma.prot.allows(fault.access) {
-        return Err(Abort::Access);
-    }
-    let allocate = anon::may_allocate(ctx, vma, &fault);
-    let object = vma.object.get();
-    if allocate && object.is_none() {
-        return Err(Abort::NoAnon);
-    }
+    let (vma, object) = lockless::vma(ctx, space, &section, &fault, |v| v.state.is_live(), true)?;
     // After the snapshot: the walk the lookup made is used only if no
-    // page-table page was detached since (`pmap::Missed`).
+    // page-table page was detached since (`pmap::Missed`). Levels are
+    // looked at before any page is prepared, which would be wasted.
     let leaf = space.pmap.pte_after(phys, fault.addr, missed).ok_or(Abort::PmdChanged)?;
-    let pindex = vma.pindex(fault.addr);
-    // A fault that may allocate reserves its slot of the object's index
-    // first and reads the object's own entry from it: one walk down the
-    // index instead of three (look up, reserve, insert).
-    let slot = match object {
-        Some(o) if allocate => Some(o.reserve(&frames, pindex, &ctx.own.index_hint).map_err(|_| Abort::NoMem)?),
-        _ => None,
-    };
     // Down the copy-on-write chain too: a collapse, which moves pages up
     // it, retires the VMAs first, so the re-check below catches a walk it
     // raced with.
-    let found = object.map_or(Found::Zero, |o| o.find_from(pindex, slot.as_ref(), &section));
-    if matches!(found, Found::Uncached | Found::Swapped { .. }) {
-        return Err(Abort::Io);
-    }
-    let fresh = anon::new_page(ctx, &frames, vma, object, pindex, found, &fault, slot).map_err(|_| Abort::NoMem)?;
-    let fresh = anon::filled(&frames, fresh, found);
+    let Prepared { pindex, found, fresh } = lockless::page(ctx, &frames, vma, object, &section, &fault)?;
     let ptl = &phys.page(leaf.node).ptl;
     let mut spins = 0;
     let guard = loop {

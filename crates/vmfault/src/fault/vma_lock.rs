@@ -19,10 +19,10 @@
 //! period (draining other vCPUs' caches).
 
 use super::anon::{self, Commit};
+use super::lockless::{self, Prepared};
 use super::{Abort, Fault, Resolved};
 use crate::aspace::Space;
 use crate::error::{Result, SegvCode};
-use crate::object::Found;
 use crate::phys::Pfn;
 use crate::pmap::Pmap;
 use crate::stats::Counter;
@@ -37,25 +37,11 @@ pub(super) fn fault(
 ) -> Result<Result<Resolved>, Abort> {
     let frames = ctx.frames();
     let pin = ctx.rcu_pin(fault.addr);
-    let vma = space.snapshot(&pin, fault.addr).find(fault.addr).ok_or(Abort::NoVma)?;
-    if !vma.state.is_live_pinned(&pin) {
-        return Err(Abort::VmaChanged);
-    }
-    let allocate = anon::may_allocate(ctx, vma, &fault);
-    let object = vma.object.get();
-    if allocate && object.is_none() {
-        return Err(Abort::NoAnon);
-    }
+    let (vma, object) = lockless::vma(ctx, space, &pin, &fault, |v| v.state.is_live_pinned(&pin), false)?;
     // Under the read lock the chain is stable: pages leave an object, or
     // move up a copy-on-write chain, only once its VMAs are retired and
     // their pins waited for.
-    let pindex = vma.pindex(fault.addr);
-    let found = object.map_or(Found::Zero, |o| o.find(pindex, &pin));
-    if matches!(found, Found::Uncached | Found::Swapped { .. }) {
-        return Err(Abort::Io);
-    }
-    let fresh = anon::new_page(ctx, &frames, vma, object, pindex, found, &fault, None).map_err(|_| Abort::NoMem)?;
-    let fresh = anon::filled(&frames, fresh, found);
+    let Prepared { pindex, found, fresh } = lockless::page(ctx, &frames, vma, object, &pin, &fault)?;
     locked(ctx, space, vma, &frames, Commit { space, object, pindex, found, fresh }, fault, f)
 }
 
