@@ -86,6 +86,12 @@ fn stress_time() -> Duration {
 /// (private and shared views of one file) while the daemon evicts its
 /// pages; every load must see the file's bytes or the vCPU's own stores,
 /// and an untouched private anonymous page must read zeros throughout.
+///
+/// It also caught a second loss: a fill that read the file, then inserted
+/// its copy after another vCPU's copy of the page had been written to,
+/// written back and evicted, brought the page back as it was before that
+/// store (a read found the vCPU's next-to-last value; about one run in
+/// three of 5 s before evictions left tombstones, `object/file.rs`).
 #[test]
 fn file_pages_evicted_under_a_fault_are_read_again() {
     for path in FAULT_PATHS {
@@ -134,8 +140,10 @@ fn file_pages_evicted_under_a_fault_are_read_again() {
                         }
                         assert!(
                             buf == want,
-                            "{path:?}: page {page} of the {} mapping lost its bytes",
-                            if own { "shared" } else { "private" }
+                            "{path:?}: page {page} of the {} mapping lost its bytes (bytes 8..16: {:x?}, want {:x?})",
+                            if own { "shared" } else { "private" },
+                            &buf[8..16],
+                            &want[8..16]
                         );
                         let mut z = [0u8; 64];
                         space.read(anon + (n % 4) * P, &mut z).unwrap();

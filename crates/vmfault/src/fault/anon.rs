@@ -332,6 +332,7 @@ pub(super) fn commit_locked(
                 Insert::Theirs(p) => (p, Resolved::Mapped),
                 // Paged out since the lookup: read it in again.
                 Insert::Swapped => return Resolved::Retry,
+                Insert::Changed => unreachable!("insert takes any entry without a page"),
             }
         }
         // A read of a page an object below holds (shared, read-only), or

@@ -42,11 +42,12 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Condvar, Mutex, Weak};
 
-use super::{DIRTY, Insert, Object, PRESENT, SwapOut, WRITEBACK, maps, pfn_of};
+use super::{DIRTY, Entry, Insert, Object, SwapOut, WRITEBACK};
 use crate::error::{Error, Op, Result};
-use crate::phys::Pfn;
+use crate::phys::{Frames, OwnedFrame, Pfn};
 use crate::pmap::OutOfFrames;
 use crate::sync::rank::{self, Rank};
 use crate::types::{PAGE_SHIFT, PAGE_SIZE};
@@ -71,6 +72,9 @@ pub(crate) struct FileData {
     ended: Mutex<()>,
     /// `[L]` see `ended`.
     written: Condvar,
+    /// `[a]` pages the page daemon evicted: the serials of their
+    /// tombstones (`object::Entry::gone`).
+    evictions: AtomicU64,
 }
 
 /// The registry of file objects of a machine.
@@ -144,7 +148,14 @@ impl Object {
             m,
             None,
             false,
-            Some(FileData { file: own, key, writer: Mutex::new(None), ended: Mutex::new(()), written: Condvar::new() }),
+            Some(FileData {
+                file: own,
+                key,
+                writer: Mutex::new(None),
+                ended: Mutex::new(()),
+                written: Condvar::new(),
+                evictions: AtomicU64::new(0),
+            }),
         )
         .map_err(|_| Error::NoMemory { op: Op::Mmap, what: "a file object's page index" })?;
         map.insert(key, Arc::downgrade(&o));
@@ -156,14 +167,42 @@ impl Object {
     /// Read page `pindex` of the file into the cache (unless another vCPU
     /// did first). `addr` is the faulting address, for SIGBUS.
     ///
+    /// The entry is read before the file and the page inserted only over
+    /// that entry: a copy of the page that another vCPU read in, wrote and
+    /// the page daemon wrote back and evicted while this read ran leaves
+    /// a tombstone there, and this read, which may predate that write-back,
+    /// starts again (Linux inserts a locked folio before it reads, so that
+    /// no second copy can exist meanwhile).
+    ///
     /// Call outside any RCU section (it allocates, and it does I/O).
     pub(crate) fn fill(&self, ctx: &Ctx<'_>, op: Op, addr: u64, pindex: u64) -> Result<()> {
-        let fd = self.file.as_ref().expect("fill of a file object");
         let frames = ctx.frames();
         let nomem = |what| Error::NoMemory { op, what };
         let slot = self
             .reserve(&frames, pindex, &ctx.own.index_hint)
             .map_err(|_: OutOfFrames| nomem("an object's page-index node"))?;
+        loop {
+            // Acquire: a write-back before the eviction that left this
+            // entry is complete in the file before the read below.
+            let before = self.entry_in(&slot);
+            if before.pfn().is_some() {
+                return Ok(());
+            }
+            let frame = self.read_page(&frames, op, addr, pindex)?;
+            match self.insert_over(&frames, slot, frame, Some(before)) {
+                Insert::Ours(_) => ctx.count(crate::stats::Counter::file_fills),
+                Insert::Changed => continue,
+                // A file object's pages never go to swap.
+                Insert::Theirs(_) | Insert::Swapped => {}
+            }
+            return Ok(());
+        }
+    }
+
+    /// A new frame holding page `pindex` of the file, read now.
+    fn read_page(&self, frames: &Frames<'_>, op: Op, addr: u64, pindex: u64) -> Result<OwnedFrame> {
+        let fd = self.file.as_ref().expect("fill of a file object");
+        let nomem = |what| Error::NoMemory { op, what };
         let mut frame = match frames.alloc() {
             Some(f) => f,
             // The cached files hold frames nobody maps: let them go first.
@@ -199,12 +238,7 @@ impl Object {
             frames.free_owned(frame);
             return Err(e);
         }
-        match self.insert(&frames, slot, frame) {
-            Insert::Ours(_) => ctx.count(crate::stats::Counter::file_fills),
-            // A file object's pages never go to swap.
-            Insert::Theirs(_) | Insert::Swapped => {}
-        }
-        Ok(())
+        Ok(frame)
     }
 
     /// Make sure write-back has a handle to write through; `file` (the
@@ -231,8 +265,7 @@ impl Object {
     /// Page `pindex` was written through a hold of frame `pfn`, if that is
     /// still the page there (the caller's wiring keeps it from leaving).
     pub(crate) fn mark_dirty_if(&self, pindex: u64, pfn: Pfn) {
-        let e = self.entry(pindex);
-        if maps(e, pfn) {
+        if self.entry(pindex).maps(pfn) {
             self.mark_dirty(pindex);
         }
     }
@@ -249,21 +282,21 @@ impl Object {
         use std::sync::atomic::Ordering::{AcqRel, Relaxed};
         let (mut out, mut busy) = (Vec::new(), Vec::new());
         let mut take = |i: u64, entry: &std::sync::atomic::AtomicU64| {
-            let mut e = entry.load(Relaxed);
-            while e & PRESENT != 0 {
-                if e & WRITEBACK != 0 {
+            let mut e = Entry::load(entry, Relaxed);
+            while let Some(pfn) = e.pfn() {
+                if e.under_writeback() {
                     busy.push(i);
                     break;
                 }
-                if e & DIRTY == 0 {
+                if !e.is_dirty() {
                     break;
                 }
-                match entry.compare_exchange_weak(e, (e & !DIRTY) | WRITEBACK, AcqRel, Relaxed) {
+                match entry.compare_exchange_weak(e.bits(), e.taken_for_writeback().bits(), AcqRel, Relaxed) {
                     Ok(_) => {
-                        out.push((i, pfn_of(e)));
+                        out.push((i, pfn));
                         break;
                     }
-                    Err(now) => e = now,
+                    Err(now) => e = Entry(now),
                 }
             }
         };
@@ -301,7 +334,7 @@ impl Object {
             indexes.iter().any(|&i| {
                 self.index
                     .leaf(&self.m.phys, i)
-                    .is_some_and(|l| l.entry.load(std::sync::atomic::Ordering::Acquire) & WRITEBACK != 0)
+                    .is_some_and(|l| Entry::load(l.entry, std::sync::atomic::Ordering::Acquire).under_writeback())
             })
         };
         let mut g = rank::lock(&fd.ended, Rank::Leaf);
@@ -444,19 +477,19 @@ impl Object {
         use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
         let Some(fd) = &self.file else { return SwapOut::Lost };
         let Some(leaf) = self.index.leaf(&self.m.phys, pindex) else { return SwapOut::Lost };
-        let mut e = leaf.entry.load(Acquire);
-        if !maps(e, pfn) {
+        let mut e = Entry::load(leaf.entry, Acquire);
+        if !e.maps(pfn) {
             return SwapOut::Lost;
         }
-        if e & WRITEBACK != 0 {
+        if e.under_writeback() {
             // Another writer (`msync`) is writing it: its copy reads this frame.
             return SwapOut::Busy;
         }
-        if e & DIRTY != 0 {
+        if e.is_dirty() {
             // One write-back at a time, as any other writer: an `msync`
             // meanwhile waits for this one instead of skipping the page.
-            let taken = (e & !DIRTY) | WRITEBACK;
-            if leaf.entry.compare_exchange(e, taken, AcqRel, Relaxed).is_err() {
+            let taken = e.taken_for_writeback();
+            if leaf.entry.compare_exchange(e.bits(), taken.bits(), AcqRel, Relaxed).is_err() {
                 return SwapOut::Lost;
             }
             if let Err(err) = self.copy_out(fd, &[(pindex, pfn)], true) {
@@ -469,8 +502,11 @@ impl Object {
         }
         // Isolated: no fault can dirty it again, so the entry is still `e`
         // unless a collapse or an `msync` took it.
-        let done = leaf.entry.compare_exchange(e, 0, AcqRel, Relaxed).is_ok();
-        if e & WRITEBACK != 0 {
+        // A tombstone, not an empty entry: a fill that read the file before
+        // the write-back above cannot insert its stale copy (`fill`).
+        let gone = Entry::gone(fd.evictions.fetch_add(1, Relaxed) + 1);
+        let done = leaf.entry.compare_exchange(e.bits(), gone.bits(), AcqRel, Relaxed).is_ok();
+        if e.under_writeback() {
             // Wakes an `msync` waiting for this page (its entry is gone,
             // or `WRITEBACK` cleared if it stayed).
             self.end_writeback(&[(pindex, pfn)]);

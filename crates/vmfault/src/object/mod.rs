@@ -41,6 +41,12 @@
 //! `slot << 12`): the page daemon wrote the page there and freed its frame
 //! (`reclaim`); a fault reads it back in (`swap.rs`). Whoever takes such an
 //! entry out of the index frees the slot.
+//!
+//! A file page the page daemon evicted leaves a *tombstone* (`GONE`, a
+//! serial of the object's above bit 12, no frame): a page not in the
+//! cache, like an empty entry, but never equal to the entry before it, so
+//! that a read from the file that began before the eviction cannot be
+//! inserted after it (`file.rs`, `fill`).
 
 mod file;
 mod rmap;
@@ -101,37 +107,100 @@ const SWAP: u64 = 8;
 /// A file page being written back (`file.rs`, Linux's `PG_writeback`):
 /// the page daemon leaves it alone until the write ends.
 const WRITEBACK: u64 = 16;
+/// A file page evicted by the page daemon (a tombstone: `serial << 12`).
+const GONE: u64 = 32;
 
-/// The entry of a resident page: its frame above bit 12, `PRESENT`.
-#[inline]
-fn entry_of(pfn: Pfn) -> u64 {
-    (u64::from(pfn.0) << 12) | PRESENT
-}
+/// One entry of an object's page index, as its word holds it (see the
+/// module docs): nothing, a resident page (its frame above bit 12,
+/// `PRESENT`), a hole, or a swap slot (`slot << 12 | SWAP`), with a file
+/// page's `DIRTY` and `WRITEBACK` bits. The index's words are decoded
+/// only here, as PTEs are only by [`Pte`](crate::pmap::Pte).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Entry(u64);
 
-/// The frame of a resident page's entry (the caller checked `PRESENT`).
-#[inline]
-fn pfn_of(entry: u64) -> Pfn {
-    debug_assert!(entry & PRESENT != 0, "the frame of a non-resident entry {entry:#x}");
-    Pfn((entry >> 12) as u32)
-}
+impl Entry {
+    /// No page (and nothing to show through, or the objects below decide).
+    pub(crate) const NONE: Entry = Entry(0);
+    /// A hole: the page reads as zero here whatever the objects below hold.
+    const HOLE: Entry = Entry(HOLE);
 
-/// Whether `entry` is the resident page in frame `pfn`.
-#[inline]
-fn maps(entry: u64, pfn: Pfn) -> bool {
-    entry & PRESENT != 0 && entry >> 12 == u64::from(pfn.0)
-}
+    /// The entry of the resident page in frame `pfn`.
+    #[inline]
+    fn page(pfn: Pfn) -> Entry {
+        Entry((u64::from(pfn.0) << 12) | PRESENT)
+    }
 
-/// The entry of a page paged out to swap slot `slot`.
-#[inline]
-fn swap_entry(slot: u64) -> u64 {
-    (slot << 12) | SWAP
-}
+    /// The entry of a page paged out to swap slot `slot`.
+    #[inline]
+    fn swapped(slot: u64) -> Entry {
+        Entry((slot << 12) | SWAP)
+    }
 
-/// The swap slot of a paged-out page's entry (the caller checked `SWAP`).
-#[inline]
-fn slot_of(entry: u64) -> u64 {
-    debug_assert!(entry & SWAP != 0, "the swap slot of entry {entry:#x}");
-    entry >> 12
+    /// The tombstone of a file page evicted as the object's `serial`th.
+    #[inline]
+    fn gone(serial: u64) -> Entry {
+        Entry((serial << 12) | GONE)
+    }
+
+    /// Read an index word.
+    #[inline]
+    fn load(word: &std::sync::atomic::AtomicU64, order: Ordering) -> Entry {
+        Entry(word.load(order))
+    }
+
+    /// The word.
+    #[inline]
+    fn bits(self) -> u64 {
+        self.0
+    }
+
+    /// The frame of a resident page.
+    #[inline]
+    pub(crate) fn pfn(self) -> Option<Pfn> {
+        (self.0 & PRESENT != 0).then_some(Pfn((self.0 >> 12) as u32))
+    }
+
+    /// The swap slot of a paged-out page.
+    #[inline]
+    fn slot(self) -> Option<u64> {
+        (self.0 & SWAP != 0).then_some(self.0 >> 12)
+    }
+
+    /// Whether this is the resident page in frame `pfn`.
+    #[inline]
+    fn maps(self, pfn: Pfn) -> bool {
+        self.pfn() == Some(pfn)
+    }
+
+    /// Whether it owns something its remover must free (a frame or a slot).
+    #[inline]
+    fn owns(self) -> bool {
+        self.0 & (PRESENT | SWAP) != 0
+    }
+
+    /// Whether it is a hole.
+    #[inline]
+    fn is_hole(self) -> bool {
+        self.0 & HOLE != 0
+    }
+
+    /// A file page a shared mapping may have written.
+    #[inline]
+    fn is_dirty(self) -> bool {
+        self.0 & DIRTY != 0
+    }
+
+    /// A file page being written back.
+    #[inline]
+    fn under_writeback(self) -> bool {
+        self.0 & WRITEBACK != 0
+    }
+
+    /// The entry with its `DIRTY` traded for `WRITEBACK`.
+    #[inline]
+    fn taken_for_writeback(self) -> Entry {
+        Entry((self.0 & !DIRTY) | WRITEBACK)
+    }
 }
 
 impl Object {
@@ -178,12 +247,12 @@ impl Object {
         self.file.is_some()
     }
 
-    /// The raw entry at `pindex` (0 if none).
+    /// The entry at `pindex` (`Entry::NONE` if no node holds it).
     #[inline]
-    fn entry(&self, pindex: u64) -> u64 {
+    fn entry(&self, pindex: u64) -> Entry {
         // Acquire pairs with the Release CAS in `insert`: the page's
         // contents were complete before it was published.
-        self.index.leaf(&self.m.phys, pindex).map_or(0, |leaf| leaf.entry.load(Ordering::Acquire))
+        self.index.leaf(&self.m.phys, pindex).map_or(Entry::NONE, |leaf| Entry::load(leaf.entry, Ordering::Acquire))
     }
 
     /// Make sure the index has a slot for `pindex`, allocating index nodes
@@ -219,9 +288,9 @@ impl Object {
     /// The page in `slot` (reserved in this object): its entry, read as
     /// `find` reads the object's own level (Acquire).
     #[inline]
-    pub(crate) fn entry_in(&self, slot: &Slot<'_>) -> u64 {
+    pub(crate) fn entry_in(&self, slot: &Slot<'_>) -> Entry {
         debug_assert_eq!(slot.object, self.id, "a slot of another object");
-        slot.leaf.entry.load(Ordering::Acquire)
+        Entry::load(slot.leaf.entry, Ordering::Acquire)
     }
 
     /// Insert a filled page at the index of `slot` (reserved in this
@@ -229,6 +298,14 @@ impl Object {
     /// inserted first (ours is then freed). Never fails: the slot exists.
     #[inline]
     pub(crate) fn insert(&self, frames: &Frames<'_>, slot: Slot<'_>, page: OwnedFrame) -> Insert {
+        self.insert_over(frames, slot, page, None)
+    }
+
+    /// [`insert`](Object::insert), but with `over`, only over that entry
+    /// (one CAS): if the entry changed to anything but a resident page,
+    /// the page is freed and `Insert::Changed` says so.
+    #[inline]
+    fn insert_over(&self, frames: &Frames<'_>, slot: Slot<'_>, page: OwnedFrame, over: Option<Entry>) -> Insert {
         assert_eq!(slot.object, self.id, "a slot of object {} used for object {}", slot.object, self.id);
         let (phys, leaf, pindex) = (frames.phys(), slot.leaf, slot.pindex);
         // Describe the page before it becomes reachable.
@@ -241,29 +318,33 @@ impl Object {
             PageQueues::mark(desc, Queue::Active);
         }
         let pfn = phys.publish(page, Kind::Data);
-        let entry = entry_of(pfn);
+        let entry = Entry::page(pfn);
         // Release: the page's contents (zeroed or copied while it was an
         // OwnedFrame) and its descriptor are visible to whoever finds it
         // through the index. A hole is replaced like an empty slot.
-        let mut cur = leaf.entry.load(Ordering::Acquire);
+        let mut cur = over.unwrap_or_else(|| Entry::load(leaf.entry, Ordering::Acquire));
         loop {
-            if cur & PRESENT != 0 {
+            if let Some(theirs) = cur.pfn() {
                 frames.free_owned(phys.unpublish(pfn, Kind::Data));
-                return Insert::Theirs(pfn_of(cur));
+                return Insert::Theirs(theirs);
             }
-            if cur & SWAP != 0 {
+            if cur.slot().is_some() {
                 // Paged out since the caller looked: never lose it.
                 frames.free_owned(phys.unpublish(pfn, Kind::Data));
                 return Insert::Swapped;
             }
-            match leaf.entry.compare_exchange(cur, entry, Ordering::AcqRel, Ordering::Acquire) {
+            match leaf.entry.compare_exchange(cur.bits(), entry.bits(), Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => {
                     if queued {
                         frames.enqueue(pfn);
                     }
                     return Insert::Ours(pfn);
                 }
-                Err(now) => cur = now,
+                Err(now) if over.is_some() && Entry(now).pfn().is_none() => {
+                    frames.free_owned(phys.unpublish(pfn, Kind::Data));
+                    return Insert::Changed;
+                }
+                Err(now) => cur = Entry(now),
             }
         }
     }
@@ -277,12 +358,12 @@ impl Object {
     pub(crate) fn remove_range(&self, start: u64, end: u64, out: &mut Vec<Pfn>) -> u64 {
         let mut n = 0;
         self.index.for_each_present(&self.m.phys, start, end, |_, leaf| {
-            if leaf.entry.load(Ordering::Relaxed) & (PRESENT | SWAP) == 0 {
+            if !Entry::load(leaf.entry, Ordering::Relaxed).owns() {
                 return;
             }
-            let e = leaf.entry.swap(0, Ordering::AcqRel);
-            if e & PRESENT != 0 {
-                self.release(pfn_of(e), out);
+            let e = Entry(leaf.entry.swap(0, Ordering::AcqRel));
+            if let Some(pfn) = e.pfn() {
+                self.release(pfn, out);
                 n += 1;
             }
             self.forget_slot(e);
@@ -349,6 +430,9 @@ pub(crate) enum Insert {
     Theirs(Pfn),
     /// The page was paged out meanwhile (nothing inserted): look again.
     Swapped,
+    /// The entry was no longer the one given (`insert_over`; nothing
+    /// inserted).
+    Changed,
 }
 
 impl Drop for Object {
@@ -364,9 +448,9 @@ impl Drop for Object {
         let mut frames = Vec::new();
         let mut leaves = Vec::new();
         self.index.teardown(&self.m.phys, &mut frames, Some(&mut leaves));
-        for e in leaves {
-            if e & PRESENT != 0 {
-                self.release(pfn_of(e), &mut frames);
+        for e in leaves.into_iter().map(Entry) {
+            if let Some(pfn) = e.pfn() {
+                self.release(pfn, &mut frames);
             }
             self.forget_slot(e);
         }

@@ -40,7 +40,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::{HOLE, Object, PRESENT, SWAP, Slot, maps, pfn_of};
+use super::{Entry, Object, Slot};
 use crate::phys::Pfn;
 use crate::pmap::OutOfFrames;
 use crate::sync::rcu::{RcuReadGuard, Retired};
@@ -125,17 +125,16 @@ impl Object {
             });
             // Behind a hole only a file's page shows (Linux re-reads the file).
             if !behind_hole || o.is_file() {
-                if e & PRESENT != 0 {
-                    let pfn = pfn_of(e);
+                if let Some(pfn) = e.pfn() {
                     return if depth == 0 { Found::Own(pfn) } else { Found::Below(pfn) };
                 }
-                if e & SWAP != 0 {
+                if e.slot().is_some() {
                     return Found::Swapped { depth };
                 }
                 if o.is_file() {
                     return Found::Uncached;
                 }
-                behind_hole |= e & HOLE != 0;
+                behind_hole |= e.is_hole();
             }
             match below {
                 Some(b) => {
@@ -149,8 +148,7 @@ impl Object {
 
     /// Whether this object itself holds `pfn` at `pindex`.
     pub(crate) fn holds(&self, pindex: u64, pfn: Pfn) -> bool {
-        let e = self.entry(pindex);
-        maps(e, pfn)
+        self.entry(pindex).maps(pfn)
     }
 
     /// The object below this one, if any.
@@ -230,7 +228,7 @@ impl Object {
         for i in holes {
             let leaf = self.index.leaf(&self.m.phys, i).expect("reserve_holes allocated the node");
             // Empty after remove_range: no fault inserts under the write lock.
-            leaf.entry.store(HOLE, Ordering::Release);
+            leaf.entry.store(Entry::HOLE.bits(), Ordering::Release);
         }
         n
     }
@@ -305,7 +303,7 @@ fn absorb(
     // both objects as they were.
     let mut entries = Vec::new();
     below.index.for_each_present(phys, 0, u64::MAX, |i, leaf| {
-        entries.push((i, leaf.entry.load(Ordering::Relaxed)));
+        entries.push((i, Entry::load(leaf.entry, Ordering::Relaxed)));
     });
     for &(i, _) in &entries {
         level.index.leaf_alloc(&frames, i)?;
@@ -316,9 +314,8 @@ fn absorb(
         // final check just before the VMAs were retired may still be
         // inserting its own page here (Release: the move is published
         // before the pointer switch below).
-        let moved = crate::sync::publish_if_empty(mine.entry, e);
-        if e & PRESENT != 0 {
-            let pfn = pfn_of(e);
+        let moved = crate::sync::publish_if_empty(mine.entry, e.bits());
+        if let Some(pfn) = e.pfn() {
             if moved {
                 phys.page(pfn).object.store(level.id, Ordering::Relaxed);
             } else {

@@ -32,7 +32,7 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak};
 
-use super::{Object, SWAP, entry_of, slot_of, swap_entry};
+use super::{Entry, Object};
 use crate::error::{Error, Op, Result};
 use crate::phys::{Kind, PageQueues, Pfn, Queue};
 use crate::stats::Counter;
@@ -132,7 +132,12 @@ impl Object {
             return SwapOut::Lost;
         }
         let Some(leaf) = self.index.leaf(&self.m.phys, pindex) else { return SwapOut::Lost };
-        match leaf.entry.compare_exchange(entry_of(pfn), swap_entry(slot), Ordering::AcqRel, Ordering::Relaxed) {
+        match leaf.entry.compare_exchange(
+            Entry::page(pfn).bits(),
+            Entry::swapped(slot).bits(),
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        ) {
             Ok(_) => SwapOut::Done,
             Err(_) => SwapOut::Lost,
         }
@@ -152,12 +157,11 @@ impl Object {
             frames.alloc().ok_or(Error::NoMemory { op, what: "a data page to read a swapped-out page into" })?;
         let _g = crate::sync::rank::lock(&level.lock, crate::sync::rank::Rank::Object);
         let leaf = level.index.leaf(phys, pindex).filter(|_| !level.absorbed.load(Ordering::Relaxed));
-        let e = leaf.map_or(0, |l| l.entry.load(Ordering::Acquire));
-        let Some(leaf) = leaf.filter(|_| e & SWAP != 0) else {
+        let e = leaf.map_or(Entry::NONE, |l| Entry::load(l.entry, Ordering::Acquire));
+        let (Some(leaf), Some(slot)) = (leaf, e.slot()) else {
             frames.free_owned(frame);
             return Ok(());
         };
-        let slot = slot_of(e);
         if let Err(err) = swap.read(slot, phys.owned_bytes(&mut frame)) {
             frames.free_owned(frame);
             return Err(err);
@@ -171,8 +175,8 @@ impl Object {
         PageQueues::mark(desc, Queue::Active);
         let pfn = phys.publish(frame, Kind::Data);
         // Release: the contents are visible to whoever finds the page.
-        let new = entry_of(pfn);
-        if leaf.entry.compare_exchange(e, new, Ordering::AcqRel, Ordering::Relaxed).is_err() {
+        let new = Entry::page(pfn);
+        if leaf.entry.compare_exchange(e.bits(), new.bits(), Ordering::AcqRel, Ordering::Relaxed).is_err() {
             // Removed meanwhile (munmap): that took the slot too.
             frames.free_owned(phys.unpublish(pfn, Kind::Data));
             return Ok(());
@@ -185,9 +189,9 @@ impl Object {
 
     /// Free the swap slot named by entry `e`, if it names one (the caller
     /// took the entry out of an index).
-    pub(super) fn forget_slot(&self, e: u64) {
-        if e & SWAP != 0 {
-            self.m.swap.as_ref().expect("swap entries come from the swap file").free(slot_of(e));
+    pub(super) fn forget_slot(&self, e: Entry) {
+        if let Some(slot) = e.slot() {
+            self.m.swap.as_ref().expect("swap entries come from the swap file").free(slot);
         }
     }
 }
