@@ -41,8 +41,8 @@ const SHARED: &[(&str, &str)] = &[
     ("aspace/zones.rs", "Zone"),
     ("aspace/zones.rs", "SpaceCpu"),
     ("aspace/vma.rs", "Vma"),
-    ("reclaim/swap.rs", "Swap"),
-    ("reclaim/swap.rs", "Slots"),
+    ("reclaim/swapfile.rs", "Swap"),
+    ("reclaim/swapfile.rs", "Slots"),
 ];
 
 /// The tags of `lib.rs`'s legend.

@@ -34,9 +34,9 @@
 //! `phys::doorbell` (the allocator rings it).
 
 mod pageout;
-mod swap;
+mod swapfile;
 
-pub(crate) use swap::Swap;
+pub(crate) use swapfile::Swap;
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
