@@ -355,7 +355,8 @@ pub struct VmConfig {
     /// `Global` on the project's 2-core machine, and 0.90x-0.97x at one
     /// vCPU (README, "Disjoint changes").
     pub map_lock: MapLock,
-    /// Page-table pages a prune detaches are cleared as it walks them and
+    /// Page-table pages a prune detaches, and the index nodes of an
+    /// anonymous object that ends, are cleared as they are walked and
     /// marked as holding zeros, and their next owner (a new table, an
     /// index node, a data page) takes them without zeroing them again
     /// (FreeBSD frees page-table pages with `vm_page_free_zero` and skips

@@ -447,7 +447,13 @@ impl Drop for Object {
         }
         let mut frames = Vec::new();
         let mut leaves = Vec::new();
-        self.index.teardown(&self.m.phys, &mut frames, Some(&mut leaves));
+        if self.file.is_some() {
+            self.index.teardown(&self.m.phys, &mut frames, Some(&mut leaves));
+        } else {
+            // An anonymous object's entries all lie in its leaves' spans:
+            // its nodes are freed cleared, and not zeroed again.
+            self.index.teardown_cleared(&self.m.phys, &mut frames, &mut leaves);
+        }
         for e in leaves.into_iter().map(Entry) {
             if let Some(pfn) = e.pfn() {
                 self.release(pfn, &mut frames);

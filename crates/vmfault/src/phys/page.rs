@@ -91,7 +91,8 @@ pub(crate) struct Page {
     pub(crate) children: AtomicU32,
     /// `[o]` the frame holds only zeros (`PhysMem::mark_zeroed`): set by
     /// whoever frees a frame it cleared itself (a page-table page a prune
-    /// detached, `pmap::radix`), kept across the free, cleared by the next
+    /// detached, an index node of an anonymous object that ended,
+    /// `pmap::radix`), kept across the free, cleared by the next
     /// write to the frame (its zeroing, which this lets it skip; a copy, a
     /// read-in; its publication). FreeBSD's `PG_ZERO`.
     pub(crate) zeroed: AtomicU32,

@@ -356,6 +356,21 @@ impl Radix {
         }
         *self.root.get_mut() = 0;
     }
+
+    /// [`teardown`](Radix::teardown) of an object index whose every
+    /// non-zero entry lies in its leaves' spans (an anonymous object's:
+    /// only a file's carries bits elsewhere), taking the entries out as it
+    /// reads them, so that every node it frees holds only zeros and is
+    /// marked so (`PhysMem::mark_zeroed`; nothing without `reuse_zeroed`).
+    pub(crate) fn teardown_cleared(&mut self, phys: &PhysMem, out: &mut Vec<Pfn>, leaves: &mut Vec<u64>) {
+        if !phys.reuses_zeroed() {
+            return self.teardown(phys, out, Some(leaves));
+        }
+        if let Some(t) = self.top(phys) {
+            collect(phys, t.node, t.height - 1, out, Leaves::Take(leaves));
+        }
+        *self.root.get_mut() = 0;
+    }
 }
 
 fn walk(phys: &PhysMem, node: Pfn, level: u32, base: u64, start: u64, end: u64, f: &mut impl FnMut(u64, Pfn)) {
@@ -480,6 +495,9 @@ fn collect_pruned(phys: &PhysMem, node: Pfn, level: u32, base: u64, r: &PruneRan
 enum Leaves<'a> {
     /// Push the present ones here.
     Keep(&'a mut Vec<u64>),
+    /// Push them here and clear every word read, interior ones too, and
+    /// mark each node freed as holding zeros (`Radix::teardown_cleared`).
+    Take(&'a mut Vec<u64>),
     /// They must all be zero (a pruned subtree): checked in debug builds.
     Empty,
     /// Not wanted (a dying page table: its pages belong to objects).
@@ -530,7 +548,7 @@ fn collect(phys: &PhysMem, node: Pfn, level: u32, out: &mut Vec<Pfn>, mut leaves
         (0, WORDS)
     };
     let mut left = match (level, &leaves) {
-        (0, Leaves::Keep(_)) => u32::MAX,
+        (0, Leaves::Keep(_) | Leaves::Take(_)) => u32::MAX,
         (0, Leaves::Empty) if cfg!(debug_assertions) => u32::MAX,
         (0, _) => 0,
         _ => phys.page(node).children.load(Ordering::Relaxed),
@@ -543,9 +561,12 @@ fn collect(phys: &PhysMem, node: Pfn, level: u32, out: &mut Vec<Pfn>, mut leaves
         // Diagnostic: a child past the count would leak its subtree.
         debug_assert!(level == 0 || left > 0, "node {node:?} at level {level} has more children than it counts");
         left = left.saturating_sub(1);
+        if matches!(leaves, Leaves::Take(_)) {
+            words[at].store(0, Ordering::Relaxed);
+        }
         if level == 0 {
             match &mut leaves {
-                Leaves::Keep(l) => l.push(e),
+                Leaves::Keep(l) | Leaves::Take(l) => l.push(e),
                 // Diagnostic: a live entry here would leak its page (no
                 // use after free: the node is freed after a grace period).
                 Leaves::Empty => debug_assert!(false, "pruning a leaf node with live entry {e:#x}"),
@@ -554,11 +575,15 @@ fn collect(phys: &PhysMem, node: Pfn, level: u32, out: &mut Vec<Pfn>, mut leaves
         } else {
             let inner = match &mut leaves {
                 Leaves::Keep(l) => Leaves::Keep(l),
+                Leaves::Take(l) => Leaves::Take(l),
                 Leaves::Empty => Leaves::Empty,
                 Leaves::Ignore => Leaves::Ignore,
             };
             collect(phys, child_of(e), level - 1, out, inner);
         }
+    }
+    if matches!(leaves, Leaves::Take(_)) {
+        phys.mark_zeroed(node);
     }
     out.push(node);
 }
@@ -687,6 +712,36 @@ mod tests {
         r.teardown(&phys, &mut out, Some(&mut leaves));
         assert_eq!(leaves, vec![2, 4, 1, 3, 5]);
         assert!(out.contains(&node) && out.contains(&high));
+    }
+
+    #[test]
+    fn a_cleared_index_teardown_frees_zeroed_marked_nodes_and_keeps_the_entries() {
+        for reuse in [false, true] {
+            let (rcu, _r) = crate::sync::rcu::Rcu::new(1);
+            let mut phys = PhysMem::new(64, false, &rcu, NO_PCP, false, false).unwrap();
+            phys.set_reuse_zeroed(reuse);
+            let frames = Frames::global(&phys);
+            let mut r = Radix::index();
+            // Leaves under two interior levels, entries in their spans.
+            let keys = [5u64, 512 + 70, (1 << 18) + 9, (1 << 27) + 300];
+            for (v, &k) in keys.iter().enumerate() {
+                r.leaf_alloc(&frames, k).unwrap().0.entry.store(v as u64 + 1, Ordering::Relaxed);
+            }
+            let (mut out, mut leaves) = (Vec::new(), Vec::new());
+            r.teardown_cleared(&phys, &mut out, &mut leaves);
+            leaves.sort_unstable();
+            assert_eq!(leaves, vec![1, 2, 3, 4], "reuse={reuse}");
+            for &p in &out {
+                let zero = phys.words(p).iter().all(|w| w.load(Ordering::Relaxed) == 0);
+                let marked = phys.page(p).zeroed.load(Ordering::Relaxed) != 0;
+                // Without reuse it is the plain teardown: nodes keep their words.
+                assert_eq!(marked, reuse, "{p:?}");
+                assert!(zero || !reuse, "{p:?} marked with words in it");
+            }
+            if !reuse {
+                assert!(out.iter().any(|&p| phys.words(p).iter().any(|w| w.load(Ordering::Relaxed) != 0)));
+            }
+        }
     }
 
     #[test]
