@@ -73,8 +73,10 @@ pub(super) fn page<'p>(
     fault: &Fault,
 ) -> Result<Prepared<'p>, Abort> {
     let pindex = vma.pindex(fault.addr);
+    // (A denied access allocates nothing: the per-VMA lock reports it
+    // after this, the speculative path has left it to the classic one.)
     let slot = match object {
-        Some(o) if anon::may_allocate(ctx, vma, fault) => {
+        Some(o) if anon::may_allocate(ctx, vma, fault) && vma.prot.allows(fault.access) => {
             Some(o.reserve(frames, pindex, &ctx.own.index_hint).map_err(|_| Abort::NoMem)?)
         }
         _ => None,

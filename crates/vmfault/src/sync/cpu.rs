@@ -147,12 +147,18 @@ impl<S, O> CpuSet<S, O> {
             // Acquire pairs with the Release in `Attachment::drop` of the
             // previous owner: its last use of `owned` happens-before ours.
             if slot.state.compare_exchange(FREE, ATTACHED, Ordering::Acquire, Ordering::Relaxed).is_ok() {
-                REGISTRY
-                    .with(|r| r.borrow_mut().push(TlsEntry { set: self.id, slot: i, busy: false, transient: false }));
                 // The newest attachment takes the fast entry unless a claim
-                // is live on the one there.
+                // is live on the one there, or a claim of this set is live
+                // on the shared slot (the next claim must find that one
+                // busy in the registry, and panic as nested).
+                let shared_claim = REGISTRY.with(|r| {
+                    let mut r = r.borrow_mut();
+                    let live = r.iter().any(|e| e.set == self.id && e.transient && e.busy);
+                    r.push(TlsEntry { set: self.id, slot: i, busy: false, transient: false });
+                    live
+                });
                 FAST.with(|f| {
-                    if !f.get().busy {
+                    if !f.get().busy && !shared_claim {
                         f.set(Fast { set: self.id, slot: i, busy: false });
                     }
                 });
@@ -364,6 +370,17 @@ mod tests {
         b.detach(tb);
         assert_eq!(b.claim().index(), 2);
         assert!(!a.is_attached(ia));
+    }
+
+    #[test]
+    #[should_panic(expected = "nested vCPU claim")]
+    fn attaching_inside_a_shared_slot_claim_still_refuses_a_nested_claim() {
+        let s = set(1);
+        let outer = s.claim();
+        assert_eq!(outer.index(), 1, "the shared slot");
+        let a = s.attach().unwrap();
+        let _inner = s.claim();
+        drop((outer, a));
     }
 
     #[test]
