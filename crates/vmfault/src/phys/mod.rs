@@ -398,8 +398,8 @@ impl PhysMem {
         true
     }
 
-    /// An owned frame is about to be written other than by [`zero`]
-    /// (PhysMem::zero): it no longer holds only zeros.
+    /// An owned frame is about to be written other than by
+    /// [`zero`](PhysMem::zero): it no longer holds only zeros.
     #[inline]
     fn dirtied(&self, f: &OwnedFrame) {
         let page = self.page(f.0);
