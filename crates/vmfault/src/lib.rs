@@ -91,18 +91,17 @@
 //! ├── VMA read lock [V]               (VmaLock faults: a pin in the vCPU's RCU slot; a writer
 //! │   │                                retires the VMA under [M] and waits for the pins)
 //! │   └── PTE lock [P]
-//! └── anon lock                       (creation of private anonymous objects)
-//!     └── file registry               (finding or creating a file's object; its end leaves it)
-//!         └── object lock [O]         (a shadow-chain collapse: the absorbing level's, then
-//!             │                        the absorbed one's; under the map lock, top-down;
-//!             │                        a page-in, around its read of the swap slot)
-//!             └── PTE lock [P]        (one word per page-table page; speculative
-//!                 │                    faults only try-lock it, holding nothing else)
-//!                 ├── page lock       (refcount=pagelock only: one of 256 hashed words,
-//!                 │   │                held around a wiring or queue change)
-//!                 │   └── page-queue lock [Q] (swap only: a vCPU applying its full batch of
-//!                 │                    new pages, the daemon, a free path; nothing inside)
-//!                 └── free-list lock [F]
+//! └── file registry                   (finding or creating a file's object; its end leaves it)
+//!     └── object lock [O]             (a shadow-chain collapse: the absorbing level's, then
+//!         │                            the absorbed one's; under the map lock, top-down;
+//!         │                            a page-in, around its read of the swap slot)
+//!         └── PTE lock [P]            (one word per page-table page; speculative
+//!             │                        faults only try-lock it, holding nothing else)
+//!             ├── page lock           (refcount=pagelock only: one of 256 hashed words,
+//!             │   │                    held around a wiring or queue change)
+//!             │   └── page-queue lock [Q] (swap only: a vCPU applying its full batch of
+//!             │                        new pages, the daemon, a free path; nothing inside)
+//!             └── free-list lock [F]
 //! ```
 //!
 //! Debug builds check this order as locks are taken (`sync::rank`: each
@@ -110,7 +109,7 @@
 //! of its own rank where that does not nest, or anything under a leaf,
 //! panics with both): the unattached threads' shared vCPU slot
 //! (outermost), the map lock (zones nest: their address order is kept by
-//! the one function that takes several, `Zones::write`), the anon lock, the file registry, object
+//! the one function that takes several, `Zones::write`), the file registry, object
 //! locks, the per-CPU caches' drain lock, PTE locks, page locks, the
 //! page-queue lock and the free-list lock, and as leaves the
 //! retired-snapshot and deferred-list mutexes, the space and

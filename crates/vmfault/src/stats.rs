@@ -153,6 +153,7 @@ stats! {
         write_upgrades: "write faults that only made an existing PTE writable",
         cow_faults: "write faults that copied a page shared with the other side of a fork",
         fault_races: "faults that found the PTE already installed by another vCPU",
+        anon_races: "faults that made an object for a VMA another fault gave one first (the loser's is dropped)",
         segv: "faults that ended in SIGSEGV",
         sigbus: "faults that ended in SIGBUS (a file page wholly beyond the end of the file)",
         file_fills: "file pages read into the page cache",

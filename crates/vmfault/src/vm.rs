@@ -479,8 +479,9 @@ impl Vm {
         }
         let (pv, pv_bytes) = self.m.pv.totals();
         s.pv_entries = pv;
-        s.backing_records = self.m.rmap.records.load(std::sync::atomic::Ordering::Relaxed).max(0) as u64;
-        s.rmap_bytes = pv_bytes + self.m.rmap.bytes.load(std::sync::atomic::Ordering::Relaxed).max(0) as u64;
+        let (rmap_bytes, records) = self.m.rmap.totals();
+        s.backing_records = records;
+        s.rmap_bytes = pv_bytes + rmap_bytes;
         s.max_chain_depth = self.spaces().iter().map(|sp| sp.max_chain_depth()).max().unwrap_or(0).into();
         s
     }

@@ -307,3 +307,91 @@ fn faults_racing_mmap_munmap_mprotect_madvise() {
         race(path);
     }
 }
+
+/// First faults of several vCPUs on one VMA that has no object yet race
+/// to give it one with no lock (`fault::anon::prepare`): exactly one
+/// object wins, every vCPU's store lands in it, and the reverse map holds
+/// exactly one record for the VMA (a loser forgets the record it made
+/// before publishing; a winner's record is there before any page of its
+/// object is mapped). The VMA's lower neighbour has an object it may
+/// share (same flags but for the access rights, as Linux's
+/// `anon_vma_compatible`), so every racer adopts that one, and a loser's
+/// record would stay on it. The faulting vCPUs stay attached and start
+/// each round together on a spinning flag, so their first faults overlap.
+#[test]
+fn first_faults_on_one_vma_race_for_its_object() {
+    use std::sync::atomic::AtomicUsize;
+    const THREADS: usize = 2;
+    const ROUNDS: u64 = 2000;
+    let wait_for = |cond: &dyn Fn() -> bool| {
+        let mut spins = 0u32;
+        while !cond() {
+            spins += 1;
+            if spins.is_multiple_of(64) {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    };
+    for path in FAULT_PATHS {
+        let vm = test_vm(32 << 20, THREADS + 1, path);
+        let space = vm.new_space().unwrap();
+        let _cpu = vm.attach().unwrap();
+        let (round, addr, done) = (AtomicU64::new(0), AtomicU64::new(0), AtomicUsize::new(0));
+        // A failed check stops the workers (round `u64::MAX`) before the
+        // scope joins them, so that a failure is reported, not a hang.
+        let failed = std::thread::scope(|s| {
+            for t in 0..THREADS as u64 {
+                let (vm, space, round, addr, done) = (&vm, &space, &round, &addr, &done);
+                s.spawn(move || {
+                    let _cpu = vm.attach().unwrap();
+                    for r in 1..=ROUNDS {
+                        wait_for(&|| round.load(Ordering::Acquire) >= r);
+                        if round.load(Ordering::Acquire) == u64::MAX {
+                            return;
+                        }
+                        let a = addr.load(Ordering::Relaxed);
+                        space.write(a + t * P, &(r << 8 | t).to_le_bytes()).unwrap();
+                        done.fetch_add(1, Ordering::Release);
+                    }
+                });
+            }
+            let (rw, fixed) = (Prot::READ | Prot::WRITE, MapFlags::PRIVATE | MapFlags::ANONYMOUS | MapFlags::FIXED);
+            let len = THREADS as u64 * P;
+            let check = |r: u64| -> Result<(), String> {
+                space.mmap(BASE, P, rw, fixed).unwrap();
+                space.write(BASE, &[1]).unwrap();
+                let a = space.mmap(BASE + P, len, rw | Prot::EXEC, fixed).unwrap();
+                addr.store(a, Ordering::Relaxed);
+                round.store(r, Ordering::Release);
+                wait_for(&|| done.load(Ordering::Acquire) == THREADS * r as usize);
+                let records = vm.stats().backing_records;
+                if records != 2 {
+                    return Err(format!("{path:?}, round {r}: two VMAs, {records} records"));
+                }
+                for t in 0..THREADS as u64 {
+                    let mut buf = [0; 8];
+                    space.read(a + t * P, &mut buf).unwrap();
+                    if u64::from_le_bytes(buf) != r << 8 | t {
+                        return Err(format!("{path:?}, round {r}, page {t}: {buf:?}"));
+                    }
+                }
+                space.munmap(BASE, P + len).unwrap();
+                match vm.stats().backing_records {
+                    0 => Ok(()),
+                    n => Err(format!("{path:?}, round {r}: unmapped, {n} records")),
+                }
+            };
+            let failed = (1..=ROUNDS).find_map(|r| check(r).err());
+            if failed.is_some() {
+                round.store(u64::MAX, Ordering::Release);
+            }
+            failed
+        });
+        if let Some(f) = failed {
+            panic!("{f}");
+        }
+        eprintln!("{path:?}: {} of {ROUNDS} rounds raced for the object", vm.stats().anon_races);
+    }
+}

@@ -28,8 +28,6 @@ const KNOWN: &[(&str, &str)] = &[
     ("fault", "vm"),
     ("aspace-ops", "vm"),
     ("reclaim", "vm"),
-    // Backing records resolve their space through `Weak<Space>`.
-    ("object", "aspace"),
 ];
 
 /// The layer order; modules on one level may import each other.

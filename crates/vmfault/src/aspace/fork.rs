@@ -162,7 +162,7 @@ impl Space {
             }
             replaced
         };
-        self.finish(ctx, 0, &frames, false);
+        self.finish(ctx, 0, &frames, 0);
         Absorbed::release(absorbed, &m.rcu);
         drop(replaced);
         Ok(())

@@ -97,7 +97,7 @@ impl Space {
         }
         drop(map);
         // Advice flags never change protection, so nothing was narrowed.
-        self.finish(ctx, changes.narrowed, &[], false);
+        self.finish(ctx, changes.narrowed, &[], 0);
         drop(changes);
         result
     }
@@ -134,7 +134,7 @@ impl Space {
             });
             (r, renewed)
         };
-        self.finish(ctx, ptes, &frames, false);
+        self.finish(ctx, ptes, &frames, 0);
         drop(renewed);
         result
     }

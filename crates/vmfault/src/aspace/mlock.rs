@@ -132,7 +132,7 @@ impl Space {
             }
             result
         };
-        self.finish(ctx, 0, &[], false);
+        self.finish(ctx, 0, &[], 0);
         drop(changes);
         result
     }

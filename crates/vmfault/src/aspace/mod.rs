@@ -41,7 +41,7 @@ pub(crate) use rmap::unmap_everywhere_unlocked;
 pub(crate) mod vma;
 mod zones;
 
-use std::sync::{Arc, Mutex, MutexGuard, RwLockWriteGuard};
+use std::sync::{Arc, RwLockWriteGuard};
 
 use crate::config::FaultPath;
 use crate::error::{Error, Op, Result};
@@ -108,9 +108,6 @@ pub(crate) struct Space {
     pub(crate) zones: Zones,
     /// The page table (entries `[P]`, see `pmap`).
     pub(crate) pmap: Pmap,
-    /// `[L]` serializes the creation of private anonymous objects (Linux takes
-    /// `page_table_lock` in `anon_vma_prepare`). Inner to the map lock.
-    anon_lock: Mutex<()>,
     /// `[I]` whether changes publish snapshots of their zones' indexes:
     /// for faults that look VMAs up without the map lock, and for the
     /// lockless placement search of `map_lock=zoned`.
@@ -279,7 +276,7 @@ impl Drop for MapWrite<'_> {
         let s = self.space;
         let (first, _) = self.view.held();
         let (changed, publish) = (self.changed, s.publish);
-        let (retired, pending) = (&s.zones.cpus[self.slot].retired, &s.zones.cpus[self.slot].pending);
+        let mine = &s.zones.cpus[self.slot];
         self.view.held.for_each_mut(|z, tree| {
             // Every PTE this operation cleared or narrowed is done, every new
             // VMA linked: the old records can go.
@@ -287,8 +284,10 @@ impl Drop for MapWrite<'_> {
             let i = z - first;
             if publish && changed[i / 64] & (1 << (i % 64)) != 0 {
                 let old = s.zones.zone(z).snapshot.replace(&s.vm.m.rcu, tree.snapshot());
-                rank::lock(retired, Rank::Leaf).push(old);
-                pending.store(true, std::sync::atomic::Ordering::Relaxed);
+                let mut retired = rank::lock(&mine.retired, Rank::Leaf);
+                retired.push(old);
+                mine.snap_zones.fetch_or(1u64 << (z % 64), std::sync::atomic::Ordering::Relaxed);
+                mine.pending.store(true, std::sync::atomic::Ordering::Relaxed);
             }
         });
         if self.added != 0 {
@@ -308,14 +307,8 @@ impl AddressSpace {
         let backing = config.rmap == crate::config::Rmap::Backing;
         let shift = if zoned { zones::ZONE_SHIFT } else { 64 };
         let s = Arc::new_cyclic(|me: &std::sync::Weak<Space>| {
-            let owner = backing.then(|| vma::Owner { space: me.clone(), id: me.as_ptr().addr() as u64 });
-            Space {
-                vm: vm.handle(),
-                zones: Zones::new(shift, owner.as_ref(), config.cpus),
-                pmap,
-                anon_lock: Mutex::new(()),
-                publish,
-            }
+            let owner = backing.then(|| vma::Owner { id: me.as_ptr().addr() as u64 });
+            Space { vm: vm.handle(), zones: Zones::new(shift, owner.as_ref(), config.cpus), pmap, publish }
         });
         rank::lock(&vm.m.spaces, Rank::Leaf).insert(s.id(), Arc::downgrade(&s));
         Ok(AddressSpace { s, vm })
@@ -473,11 +466,6 @@ impl Space {
         out
     }
 
-    /// Take the anon lock (see the field).
-    pub(crate) fn anon_lock(&self) -> Ranked<MutexGuard<'_, ()>> {
-        rank::lock(&self.anon_lock, Rank::Anon)
-    }
-
     /// Finish an operation that changed the address space, with no lock
     /// held. If it cleared or narrowed `ptes` PTEs or unlinked `frames`,
     /// a grace period (the TLB shootdown) must pass before the call
@@ -488,12 +476,14 @@ impl Space {
     /// `free_path=deferred`, queues the frames on this vCPU's deferred
     /// list and waits for nothing. Then it frees the snapshots whose grace
     /// period has passed (polling for one that ages them all); with
-    /// `objects_gone` (it removed VMAs that held objects, which the old
-    /// snapshots keep alive), or too many pending, and a poll that does not
+    /// `gone` (the zones, as `SpaceCpu::snap_zones` bits, of the VMAs it
+    /// removed that held objects, which the old snapshots keep alive; 0
+    /// for none), or too many pending, and a poll that does not
     /// complete, it waits for one (with `free_path=deferred`, queues them on
     /// this vCPU's deferred list instead, dropped at its next change once
     /// aged: no wait).
-    pub(crate) fn finish(&self, ctx: &Ctx<'_>, ptes: u64, frames: &[Pfn], objects_gone: bool) {
+    pub(crate) fn finish(&self, ctx: &Ctx<'_>, ptes: u64, frames: &[Pfn], gone: u64) {
+        let objects_gone = gone != 0;
         let orphans = ctx.m.take_orphans();
         let frames = if orphans.is_empty() { frames } else { &[frames, &orphans[..]].concat() };
         let shared = ctx.take_shared_zaps();
@@ -527,8 +517,9 @@ impl Space {
         if objects_gone {
             // Another vCPU's retired snapshots may be what keeps the
             // removed objects alive: take them over (their lists are only
-            // touched if they have entries, and only tried).
-            self.take_retired_of_others(slot);
+            // touched if they may hold snapshots of those zones, and only
+            // tried).
+            self.take_retired_of_others(slot, gone);
         }
         let mut retired = rank::lock(mine, Rank::Leaf);
         if retired.is_empty() || (retired.len() < RECLAIM_BATCH && !objects_gone) {
@@ -548,12 +539,16 @@ impl Space {
             }
             let mut done = AgedSnapshots::new();
             rcu.reclaim_each(&mut retired, false, |s| done.push(s));
+            if retired.is_empty() {
+                self.zones.cpus[slot].snap_zones.store(0, std::sync::atomic::Ordering::Relaxed);
+            }
             drop(retired);
             self.drop_aged(ctx, done);
             return;
         }
         let mut list = std::mem::take(&mut *retired);
         pending.store(false, std::sync::atomic::Ordering::Relaxed);
+        let zones = self.zones.cpus[slot].snap_zones.swap(0, std::sync::atomic::Ordering::Relaxed);
         drop(retired);
         if let Some(d) = &self.vm.m.phys.deferred {
             // free_path=deferred: instead of waiting, queue them (and the
@@ -571,28 +566,33 @@ impl Space {
         rcu.reclaim_each(&mut list, true, |s| done.push(s));
         if !list.is_empty() {
             rank::lock(mine, Rank::Leaf).append(&mut list);
+            self.zones.cpus[slot].snap_zones.fetch_or(zones, std::sync::atomic::Ordering::Relaxed);
             pending.store(true, std::sync::atomic::Ordering::Relaxed);
         }
         self.drop_aged(ctx, done);
     }
 
-    /// Move the retired snapshots of every other vCPU slot that has some
-    /// onto `slot`'s list (a slot whose lock is busy is left).
-    fn take_retired_of_others(&self, slot: usize) {
+    /// Move the retired snapshots of every other vCPU slot that may hold
+    /// some of the zones `gone` (`SpaceCpu::snap_zones` bits) onto `slot`'s
+    /// list (a slot whose lock is busy is left).
+    fn take_retired_of_others(&self, slot: usize, gone: u64) {
         use std::sync::atomic::Ordering::Relaxed;
         let mut taken = Vec::new();
+        let mut zones = 0;
         for (i, cpu) in self.zones.cpus.iter().enumerate() {
-            if i == slot || !cpu.pending.load(Relaxed) {
+            if i == slot || !cpu.pending.load(Relaxed) || cpu.snap_zones.load(Relaxed) & gone == 0 {
                 continue;
             }
             if let Some(mut list) = Ranked::try_take(Rank::Leaf, || cpu.retired.try_lock().ok()) {
                 taken.append(&mut list);
+                zones |= cpu.snap_zones.swap(0, Relaxed);
                 cpu.pending.store(false, Relaxed);
             }
         }
         if !taken.is_empty() {
             let mine = &self.zones.cpus[slot];
             rank::lock(&mine.retired, Rank::Leaf).append(&mut taken);
+            mine.snap_zones.fetch_or(zones, Relaxed);
             mine.pending.store(true, Relaxed);
         }
     }

@@ -134,7 +134,7 @@ impl Space {
             r
         };
         // The shootdown is done.
-        self.finish(ctx, 0, &[], false);
+        self.finish(ctx, 0, &[], 0);
         drop(changes);
         // Linux's mprotect_fixup: locked private memory that becomes
         // writable is faulted in for writing now (copy-on-write broken, the

@@ -68,8 +68,9 @@ impl Space {
     /// removed VMAs dropped (`drop_removed`).
     pub(super) fn end_removal(&self, ctx: &Ctx<'_>, ptes: u64, frames: &[Pfn], carved: Removed) {
         let unlinked = ctx.m.rcu.cookie();
-        let objects_gone = carved.iter().any(|v| v.object.get().is_some());
-        self.finish(ctx, ptes, frames, objects_gone);
+        let geo = self.zones.geo();
+        let gone = carved.iter().filter(|v| v.object.get().is_some()).fold(0, |m, v| m | geo.zone_bits(v.start, v.end));
+        self.finish(ctx, ptes, frames, gone);
         self.write_back_removed(ctx, &carved);
         self.drop_removed(ctx, carved, unlinked);
     }

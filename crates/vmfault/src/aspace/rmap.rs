@@ -33,14 +33,14 @@ use crate::vm::Machine;
 
 /// The (space, address) pairs that may map `pfn`, page `pindex` of `o`.
 fn candidates(m: &Machine, o: &Arc<Object>, pindex: u64, pfn: Pfn) -> Vec<(Arc<Space>, u64)> {
-    match m.config.rmap {
+    let found: Vec<(u64, u64)> = match m.config.rmap {
         Rmap::Backing => ObjRmap::mappings_of(o, pindex),
-        Rmap::PvEntry => {
-            let entries = m.pv.entries(pfn);
-            let spaces = crate::sync::rank::lock(&m.spaces, crate::sync::rank::Rank::Leaf);
-            entries.iter().filter_map(|pv| Some((spaces.get(&pv.space)?.upgrade()?, pv.addr))).collect()
-        }
-    }
+        Rmap::PvEntry => m.pv.entries(pfn).iter().map(|pv| (pv.space, pv.addr)).collect(),
+    };
+    // Both name spaces by id (no reference: a count every vCPU of the space
+    // would write per mapping), found here in the machine's registry.
+    let spaces = crate::sync::rank::lock(&m.spaces, crate::sync::rank::Rank::Leaf);
+    found.into_iter().filter_map(|(id, addr)| Some((spaces.get(&id)?.upgrade()?, addr))).collect()
 }
 
 /// Apply `f` to every PTE that maps one of `pages` (index in `o`, frame),

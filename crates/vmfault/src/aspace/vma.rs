@@ -74,7 +74,8 @@ pub(crate) struct Vma {
     /// offsets contiguous across neighbours that may merge.
     pub(crate) pgoff: u64,
     /// `[a]` set once: the object. Shared mappings get it at mmap; private
-    /// anonymous memory at its first write fault, under the space's anon lock.
+    /// anonymous memory at its first write fault (`fault::anon::prepare`:
+    /// recorded on the object's reverse map before it is set here).
     pub(crate) object: OnceLock<Arc<Object>>,
     /// `[a]` live or retired (see `sync::vma_state`): retired, under the
     /// map lock, when the VMA leaves the index. Faults only read it (the
@@ -179,9 +180,8 @@ pub(crate) struct VmaTree {
 /// The space a [`VmaTree`] records its mappings for.
 #[derive(Debug, Clone)]
 pub(crate) struct Owner {
-    /// The space.
-    pub(crate) space: std::sync::Weak<super::Space>,
-    /// Its id.
+    /// Its id (`Space::id`; records name it, a walk finds it in the
+    /// machine's registry).
     pub(crate) id: u64,
 }
 
@@ -189,8 +189,19 @@ impl Owner {
     /// Record `v` (now mapped in this space) on its object, if it has one.
     pub(crate) fn link(&self, v: &Vma) {
         if let Some(o) = v.object.get() {
-            o.link(self.key(v), &self.space);
+            self.link_object(v, o);
         }
+    }
+
+    /// Record `v`'s range on `o`, the object `v` is about to get.
+    pub(crate) fn link_object(&self, v: &Vma, o: &crate::object::Object) {
+        o.link(self.key(v));
+    }
+
+    /// Forget a record [`Owner::link_object`] made for an object `v` did
+    /// not get after all.
+    pub(crate) fn unlink_object(&self, v: &Vma, o: &crate::object::Object) {
+        o.unlink(self.key(v));
     }
 
     /// Forget the record of `v` (no longer mapped in this space).

@@ -80,6 +80,12 @@ pub(crate) struct SpaceCpu {
     /// be what keeps them alive (`Space::finish`), without touching the
     /// lists of vCPUs that have none.
     pub(super) pending: std::sync::atomic::AtomicBool,
+    /// `[a]` the zones whose snapshots `retired` may hold, bit `z % 64`
+    /// for zone `z` (a superset; written under its lock): a change that
+    /// removed objects of some zones takes over only the lists that may
+    /// keep them alive, so vCPUs changing zones of their own never touch
+    /// each other's lists (`zone_bits`).
+    pub(super) snap_zones: std::sync::atomic::AtomicU64,
     /// `[a]` VMAs this vCPU's changes added, less those they removed, not
     /// yet moved to `Zones::vmas` (fewer than `COUNT_BATCH` either way).
     pub(super) vmas: AtomicIsize,
@@ -107,6 +113,12 @@ impl Geometry {
     #[inline]
     pub(crate) fn span(self, start: u64, end: u64) -> (usize, usize) {
         (self.zone_of(start), self.zone_of(end.max(start.saturating_add(1)) - 1))
+    }
+
+    /// The bits of [`SpaceCpu::snap_zones`] for the zones `start..end` touches.
+    pub(crate) fn zone_bits(self, start: u64, end: u64) -> u64 {
+        let (first, last) = self.span(start, end);
+        if last - first >= 63 { u64::MAX } else { (first..=last).fold(0, |m, z| m | 1u64 << (z % 64)) }
     }
 
     /// The first address of zone `z`.

@@ -419,18 +419,23 @@ fn pv_replace_locked(_ptl: &WordGuard<'_>, ctx: &Ctx<'_>, space: &Space, addr: u
 }
 
 /// The object of `vma`, creating it (or adopting a neighbour's) if needed,
-/// with the map lock held (`map`, its guard). Serialized by the space's
-/// anon lock.
+/// with the map lock held (`map`, its guard).
+///
+/// Takes no lock (Linux serializes `anon_vma_prepare` on the mm's
+/// `page_table_lock`, a line every vCPU of the space writes): the object
+/// is recorded on its reverse map for this VMA *before* it is published in
+/// `vma.object`, so whoever maps a page of it through this VMA (this fault,
+/// or one that lost the race to publish) finds the record in place for a
+/// reverse-map walk. A fault that loses the race forgets its record; a new
+/// object of its own then ends unused. Two faults on adjacent VMAs without
+/// objects may each make one where a serialized pair would have shared
+/// one: both are states Linux reaches too, by the order of the faults.
 pub(super) fn prepare<'v>(
     ctx: &Ctx<'_>,
     space: &Space,
     map: &'v impl crate::aspace::MapHeld,
     vma: &'v Arc<Vma>,
 ) -> Result<&'v Arc<Object>, ()> {
-    if let Some(o) = vma.object.get() {
-        return Ok(o);
-    }
-    let _anon = space.anon_lock();
     if let Some(o) = vma.object.get() {
         return Ok(o);
     }
@@ -444,11 +449,18 @@ pub(super) fn prepare<'v>(
         Some(o) => o,
         None => Object::new_anon(ctx, &space.vm.m).map_err(|_| ())?,
     };
-    let _ = vma.object.set(object);
-    if let Some(owner) = map.owner() {
-        owner.link(vma);
+    let owner = map.owner();
+    if let Some(owner) = owner {
+        owner.link_object(vma, &object);
     }
-    Ok(vma.object.get().expect("just set"))
+    // Release/Acquire (`OnceLock`): a fault that sees the object sees its record.
+    if let Err(lost) = vma.object.set(object) {
+        ctx.count(Counter::anon_races);
+        if let Some(owner) = owner {
+            owner.unlink_object(vma, &lost);
+        }
+    }
+    Ok(vma.object.get().expect("set by this fault or the one it raced"))
 }
 
 /// Linux's `anon_vma_compatible(lower, upper)`: adjacent, same flags apart

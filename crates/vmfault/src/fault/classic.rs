@@ -1,9 +1,9 @@
 //! The classic fault path: the map lock held for reading for the whole
 //! fault, so the VMA cannot change or go away underneath.
 //!
-//! Lock order here: map lock (read), then the anon lock if the VMA needs an
-//! object, then (inside an RCU section) the PTE lock, then the free-list
-//! lock inside allocations.
+//! Lock order here: map lock (read), then (inside an RCU section) the PTE
+//! lock, then the free-list lock inside allocations; a VMA that needs an
+//! object gets one with no lock (`anon::prepare`).
 
 use super::{Fault, Resolved, anon};
 use crate::aspace::Space;

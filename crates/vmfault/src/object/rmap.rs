@@ -31,7 +31,7 @@
 //! and removed by every zap, under the PTE lock: metadata grows with pages
 //! times mappings, and every fault pays a list operation.
 //!
-//! Lock order: map lock → anon lock → object lock `[O]` → the rmap lock
+//! Lock order: map lock → object lock `[O]` → the rmap lock
 //! here → PTE lock → pv lock.
 
 use std::collections::HashMap;
@@ -39,7 +39,6 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use super::Object;
-use crate::aspace::Space;
 use crate::phys::Pfn;
 use crate::sync::rank::{self, Rank, Ranked};
 use crate::vm::Machine;
@@ -47,7 +46,7 @@ use crate::vm::Machine;
 /// A backing record's identity: (space id, first address, end, page offset).
 pub(crate) type BackingKey = (u64, u64, u64, u64);
 
-type Record = (BackingKey, (Weak<Space>, u32));
+type Record = (BackingKey, u32);
 
 /// The reverse map of one object.
 #[derive(Debug, Default)]
@@ -58,8 +57,11 @@ pub(crate) struct ObjRmap {
 
 #[derive(Debug, Default)]
 struct Inner {
-    /// `[O]` records of the mappings of this object's ranges, counted.
-    backings: HashMap<BackingKey, (Weak<Space>, u32)>,
+    /// `[O]` records of the mappings of this object's ranges, counted. A
+    /// record names its space by id only (a walk finds the space in the
+    /// machine's registry): holding a reference would write the space's
+    /// count, a line every vCPU of the space shares, at each new mapping.
+    backings: HashMap<BackingKey, u32>,
     /// `[O]` the objects whose backing object this is (dead ones pruned lazily).
     shadows: Vec<Weak<Object>>,
 }
@@ -74,13 +76,54 @@ impl Inner {
 
 /// Machine-wide reverse-map totals (backing records and links; pv entries
 /// are counted from their table when statistics are read). Changed on
-/// mapping changes, never on the fault path.
-#[derive(Debug, Default)]
+/// mapping changes and by a fault that gives a VMA its object, so each
+/// thread adds to a shard of its own (two vCPUs mapping disjoint ranges
+/// write no line in common); statistics sum the shards.
+#[derive(Debug)]
 pub(crate) struct RmapTotals {
-    /// `[a]` bytes held by the objects' lists.
-    pub(crate) bytes: AtomicI64,
-    /// `[a]` backing records (with multiplicity).
-    pub(crate) records: AtomicI64,
+    /// `[S]` per shard (a thread's, by [`shard`]): bytes held by the
+    /// objects' lists and backing records (with multiplicity), `[a]` each.
+    shards: Box<[crate::sync::CachePadded<[AtomicI64; 2]>]>,
+}
+
+/// Shards of [`RmapTotals`]: threads beyond this many share them.
+const SHARDS: usize = 64;
+
+/// The calling thread's shard, fixed at its first use.
+fn shard() -> usize {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    std::thread_local! {
+        static MINE: usize = NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS;
+    }
+    MINE.with(|s| *s)
+}
+
+impl Default for RmapTotals {
+    fn default() -> Self {
+        RmapTotals {
+            shards: (0..SHARDS).map(|_| crate::sync::CachePadded([AtomicI64::new(0), AtomicI64::new(0)])).collect(),
+        }
+    }
+}
+
+impl RmapTotals {
+    /// Add `bytes` and `records` (either may be negative) to the calling
+    /// thread's shard.
+    fn add(&self, bytes: i64, records: i64) {
+        let [b, r] = &*self.shards[shard()];
+        if bytes != 0 {
+            b.fetch_add(bytes, Ordering::Relaxed);
+        }
+        if records != 0 {
+            r.fetch_add(records, Ordering::Relaxed);
+        }
+    }
+
+    /// (bytes, records) over every shard (a snapshot; never negative).
+    pub(crate) fn totals(&self) -> (u64, u64) {
+        let sum = |k: usize| self.shards.iter().map(|s| s[k].load(Ordering::Relaxed)).sum::<i64>().max(0) as u64;
+        (sum(0), sum(1))
+    }
 }
 
 impl ObjRmap {
@@ -95,19 +138,14 @@ impl ObjRmap {
         let (r, records) = f(&mut g);
         let delta = g.footprint() - before;
         drop(g);
-        if delta != 0 {
-            m.rmap.bytes.fetch_add(delta, Ordering::Relaxed);
-        }
-        if records != 0 {
-            m.rmap.records.fetch_add(records, Ordering::Relaxed);
-        }
+        m.rmap.add(delta, records);
         r
     }
 
     /// Record a mapping of this object.
-    fn link(&self, m: &Machine, key: BackingKey, space: &Weak<Space>) {
+    fn link(&self, m: &Machine, key: BackingKey) {
         self.change(m, |g| {
-            g.backings.entry(key).or_insert_with(|| (space.clone(), 0)).1 += 1;
+            *g.backings.entry(key).or_insert(0) += 1;
             ((), 1)
         })
     }
@@ -116,8 +154,8 @@ impl ObjRmap {
     fn unlink(&self, m: &Machine, key: BackingKey) {
         self.change(m, |g| {
             let gone = match g.backings.get_mut(&key) {
-                Some(e) if e.1 > 1 => {
-                    e.1 -= 1;
+                Some(e) if *e > 1 => {
+                    *e -= 1;
                     false
                 }
                 Some(_) => true,
@@ -149,27 +187,25 @@ impl ObjRmap {
     /// Give back what the list holds (the object is going away).
     pub(crate) fn clear(&self, m: &Machine) {
         self.change(m, |g| {
-            let n: u32 = g.backings.values().map(|v| v.1).sum();
+            let n: u32 = g.backings.values().sum();
             *g = Inner::default();
             ((), -i64::from(n))
         })
     }
 
     /// The mappings that may map page `pindex` of this object: from its own
-    /// records, then from its shadows' (climbing). Each is (space, address).
-    /// Locks one object at a time.
-    pub(crate) fn mappings_of(object: &Arc<Object>, pindex: u64) -> Vec<(Arc<Space>, u64)> {
+    /// records, then from its shadows' (climbing). Each is (space id,
+    /// address); a space that has gone (or an id reused since: the caller
+    /// checks each PTE) may be among them. Locks one object at a time.
+    pub(crate) fn mappings_of(object: &Arc<Object>, pindex: u64) -> Vec<(u64, u64)> {
         let mut out = Vec::new();
         let mut todo = vec![object.clone()];
         while let Some(o) = todo.pop() {
             let g = o.rmap.lock();
-            for (&(_, start, end, pgoff), (space, _)) in &g.backings {
+            for &(space, start, end, pgoff) in g.backings.keys() {
                 let pages = (end - start) >> crate::types::PAGE_SHIFT;
-                if pindex >= pgoff
-                    && pindex - pgoff < pages
-                    && let Some(s) = space.upgrade()
-                {
-                    out.push((s, start + ((pindex - pgoff) << crate::types::PAGE_SHIFT)));
+                if pindex >= pgoff && pindex - pgoff < pages {
+                    out.push((space, start + ((pindex - pgoff) << crate::types::PAGE_SHIFT)));
                 }
             }
             todo.extend(g.shadows.iter().filter_map(Weak::upgrade));
@@ -179,9 +215,10 @@ impl ObjRmap {
 }
 
 impl Object {
-    /// Record a mapping of `key`'s range of this object by `space`.
-    pub(crate) fn link(&self, key: BackingKey, space: &Weak<Space>) {
-        self.rmap.link(&self.m, key, space);
+    /// Record a mapping of `key`'s range of this object (by the space
+    /// `key` names).
+    pub(crate) fn link(&self, key: BackingKey) {
+        self.rmap.link(&self.m, key);
     }
 
     /// Forget one record of `key` (the mapping left its space's index).

@@ -25,8 +25,6 @@ pub(crate) enum Rank {
     /// `map_lock=zoned`; zones nest in ascending address order only, which
     /// `aspace::zones::Zones::write` is the one place to take).
     Map,
-    /// A space's anon lock (creating private anonymous objects).
-    Anon,
     /// The file-object registry (`object::file`: finding or creating the
     /// object of a file, and a file object's end leaving it).
     Files,
