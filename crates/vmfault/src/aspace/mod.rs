@@ -112,6 +112,12 @@ pub(crate) struct Space {
     /// for faults that look VMAs up without the map lock, and for the
     /// lockless placement search of `map_lock=zoned`.
     publish: bool,
+    /// `[a]` a change that ended objects left another vCPU's retired
+    /// snapshots because that list was busy: the next one takes every
+    /// pending list, whatever its zones (`take_retired_of_others`), so
+    /// that objects such a list keeps alive end at the next change that
+    /// ends objects, as before lists were filtered by zone.
+    takeover_missed: std::sync::atomic::AtomicBool,
 }
 
 /// The map lock of the zones a change touches, held for writing. Any
@@ -308,7 +314,13 @@ impl AddressSpace {
         let shift = if zoned { zones::ZONE_SHIFT } else { 64 };
         let s = Arc::new_cyclic(|me: &std::sync::Weak<Space>| {
             let owner = backing.then(|| vma::Owner { id: me.as_ptr().addr() as u64 });
-            Space { vm: vm.handle(), zones: Zones::new(shift, owner.as_ref(), config.cpus), pmap, publish }
+            Space {
+                vm: vm.handle(),
+                zones: Zones::new(shift, owner.as_ref(), config.cpus),
+                pmap,
+                publish,
+                takeover_missed: std::sync::atomic::AtomicBool::new(false),
+            }
         });
         rank::lock(&vm.m.spaces, Rank::Leaf).insert(s.id(), Arc::downgrade(&s));
         Ok(AddressSpace { s, vm })
@@ -565,7 +577,8 @@ impl Space {
         let mut done = AgedSnapshots::new();
         rcu.reclaim_each(&mut list, true, |s| done.push(s));
         if !list.is_empty() {
-            rank::lock(mine, Rank::Leaf).append(&mut list);
+            let mut retired = rank::lock(mine, Rank::Leaf);
+            retired.append(&mut list);
             self.zones.cpus[slot].snap_zones.fetch_or(zones, std::sync::atomic::Ordering::Relaxed);
             pending.store(true, std::sync::atomic::Ordering::Relaxed);
         }
@@ -574,11 +587,17 @@ impl Space {
 
     /// Move the retired snapshots of every other vCPU slot that may hold
     /// some of the zones `gone` (`SpaceCpu::snap_zones` bits) onto `slot`'s
-    /// list (a slot whose lock is busy is left).
+    /// list (a slot whose lock is busy is left, and the next call takes
+    /// every pending list: `takeover_missed`).
     fn take_retired_of_others(&self, slot: usize, gone: u64) {
         use std::sync::atomic::Ordering::Relaxed;
         let mut taken = Vec::new();
         let mut zones = 0;
+        let gone = if self.takeover_missed.load(Relaxed) && self.takeover_missed.swap(false, Relaxed) {
+            u64::MAX
+        } else {
+            gone
+        };
         for (i, cpu) in self.zones.cpus.iter().enumerate() {
             if i == slot || !cpu.pending.load(Relaxed) || cpu.snap_zones.load(Relaxed) & gone == 0 {
                 continue;
@@ -587,11 +606,14 @@ impl Space {
                 taken.append(&mut list);
                 zones |= cpu.snap_zones.swap(0, Relaxed);
                 cpu.pending.store(false, Relaxed);
+            } else {
+                self.takeover_missed.store(true, Relaxed);
             }
         }
         if !taken.is_empty() {
             let mine = &self.zones.cpus[slot];
-            rank::lock(&mine.retired, Rank::Leaf).append(&mut taken);
+            let mut retired = rank::lock(&mine.retired, Rank::Leaf);
+            retired.append(&mut taken);
             mine.snap_zones.fetch_or(zones, Relaxed);
             mine.pending.store(true, Relaxed);
         }

@@ -24,10 +24,16 @@ pub use vmfault_check::FAULT_PATHS;
 /// assertion then shows what is left).
 pub fn settled(vm: &Vm) -> vmfault::Stats {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut last = None;
     loop {
         vm.drain_pcpu_caches();
         let s = vm.stats();
-        if (s.deferred_pages == 0 && s.deferred_drops == 0) || std::time::Instant::now() > deadline {
+        // Two reads in a row that agree: a drain by another thread (the
+        // `pcpu_drain_hz` thread, the page daemon) preempted while it held
+        // frames would show them as missing in one read only.
+        let steady = last == Some(s.free_pages);
+        last = Some(s.free_pages);
+        if (steady && s.deferred_pages == 0 && s.deferred_drops == 0) || std::time::Instant::now() > deadline {
             return s;
         }
     }
