@@ -56,7 +56,7 @@ fn munmap_waits_for_no_grace_period_and_the_frames_come_back() {
             0,
             "{path:?}: grace periods munmap waited for"
         );
-        let s = common::settled(&vm);
+        let s = common::settled_at(&vm, initial);
         assert_eq!((s.deferred_pages, s.free_pages), (0, initial), "{path:?}");
     }
 }
@@ -198,7 +198,7 @@ fn deferred_frees_lose_and_double_nothing_under_drains() {
         }
         stop.store(true, Ordering::Relaxed);
         let rounds: u64 = workers.into_iter().map(|w| w.join().unwrap()).sum();
-        let s = common::settled(&vm);
+        let s = common::settled_at(&vm, initial);
         assert!(rounds > 100, "{path:?}: {rounds} rounds");
         assert_eq!(s.free_pages, initial, "{path:?}: frames lost or doubled");
     }

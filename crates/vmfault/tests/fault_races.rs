@@ -287,7 +287,7 @@ fn race(path: FaultPath) {
         }
     }
     space.munmap(BASE, PAGES * P).unwrap();
-    assert_eq!(common::settled(&vm).free_pages, initial, "fault_path={}: frames leaked", path.name());
+    assert_eq!(common::settled_at(&vm, initial).free_pages, initial, "fault_path={}: frames leaked", path.name());
     let s = vm.stats();
     println!(
         "fault_path={}: {accesses} accesses against {MUTATIONS} mutations; spf {} (changed {}, noanon {}, pmd {}), vma_lock {} (fallbacks {})",

@@ -25,7 +25,7 @@ fn each_path(phys: u64, cpus: usize, test: impl Fn(&Vm, FaultPath)) {
         let vm = test_vm(phys, cpus, path);
         let free = vm.stats().free_pages;
         test(&vm, path);
-        assert_eq!(common::settled(&vm).free_pages, free, "{path:?}: frames leaked");
+        assert_eq!(common::settled_at(&vm, free).free_pages, free, "{path:?}: frames leaked");
     }
 }
 

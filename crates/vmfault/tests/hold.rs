@@ -107,7 +107,7 @@ fn holds_racing_munmap_never_lose_a_frame() {
             assert!(holder.join().unwrap() > 0);
         });
         drop(s);
-        assert_eq!(common::settled(&vm).free_pages, start, "{path:?}: frames leaked or freed twice");
+        assert_eq!(common::settled_at(&vm, start).free_pages, start, "{path:?}: frames leaked or freed twice");
     }
 }
 

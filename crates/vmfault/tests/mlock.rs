@@ -66,7 +66,7 @@ fn mlock_wires_each_page_once_and_munlock_unwires() {
             s.munmap(a, 32 * P).unwrap();
             assert_eq!(vm.stats().wired_pages, 0, "{what}");
             drop(s);
-            assert_eq!(common::settled(&vm).free_pages, start, "{what}: every frame back");
+            assert_eq!(common::settled_at(&vm, start).free_pages, start, "{what}: every frame back");
         }
     }
 }
@@ -169,6 +169,6 @@ fn concurrent_mlock_of_one_shared_range() {
         assert_eq!(st.wirings, 4 * 300 * 16, "{mode:?}: every mlock wired every page once");
         drop(spaces);
         drop(s);
-        assert_eq!(common::settled(&vm).free_pages, start, "{mode:?}");
+        assert_eq!(common::settled_at(&vm, start).free_pages, start, "{mode:?}");
     }
 }

@@ -109,7 +109,7 @@ impl StateMachineTest for Sut {
                 space.munmap(m.start, m.end - m.start).unwrap();
             }
             assert_eq!(
-                common::settled(vm).free_pages,
+                common::settled_at(vm, *initial_free).free_pages,
                 *initial_free,
                 "fault_path={}: frames leaked",
                 vm.config().fault_path.name()

@@ -103,5 +103,10 @@ fn stress(path: FaultPath) {
     space.munmap(SHARED_BASE, shared_len).unwrap();
     assert!(space.mappings().is_empty());
     assert_eq!(space.page_table_pages(), 1, "page tables left behind");
-    assert_eq!(common::settled(&vm).free_pages, initial_free, "fault_path={}: frames leaked", path.name());
+    assert_eq!(
+        common::settled_at(&vm, initial_free).free_pages,
+        initial_free,
+        "fault_path={}: frames leaked",
+        path.name()
+    );
 }

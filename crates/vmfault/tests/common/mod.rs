@@ -39,6 +39,22 @@ pub fn settled(vm: &Vm) -> vmfault::Stats {
     }
 }
 
+/// [`settled`], then again until `free_pages` is `want` or 10 s have
+/// passed: a frame in the hands of a thread preempted between two steps
+/// (a drain, the grace-period thread) is missing from a read or two and
+/// then back; a frame lost stays missing, and the caller's assertion
+/// fails on it.
+pub fn settled_at(vm: &Vm, want: u64) -> vmfault::Stats {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let s = settled(vm);
+        if s.free_pages == want || std::time::Instant::now() > deadline {
+            return s;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 /// A small machine for tests, with the given fault path.
 pub fn test_vm(phys_bytes: u64, cpus: usize, path: FaultPath) -> Vm {
     Vm::new(VmConfig { phys_bytes, cpus, prefault: false, fault_path: path, ..VmConfig::default() }).unwrap()
