@@ -151,6 +151,64 @@ impl FrameOrder {
     }
 }
 
+/// How a frame is zeroed for a fault (see `zero_stores`).
+///
+/// Zeroing with ordinary stores reads each of the frame's 64 lines from
+/// memory before it writes it (a read for ownership), and leaves 4 KiB of
+/// zeros in the caches that push out what was there; streaming
+/// (non-temporal) stores write the lines straight to memory. Which is
+/// cheaper depends on where the frame's lines are: a frame freed a moment
+/// ago is in the vCPU's caches, and ordinary stores clear it there (a
+/// vmlocal or ebizzy loop); a frame last written hundreds of faults ago is
+/// not, and ordinary stores pay a memory read per line (page_fault1).
+///
+/// - `Cached`: ordinary stores for every frame, as before.
+/// - `Streaming`: streaming stores for every frame, but for the line the
+///   faulting access touches, which ordinary stores write last so that the
+///   access finds it in the cache (Linux clears the target subpage of a
+///   huge page last for the same reason). Measured 0.60x ebizzy at one
+///   vCPU on the project's 2-core machine: it is there to compare.
+/// - `Auto`: streaming for a frame this vCPU put in its cache at least
+///   [`STREAM_AFTER_FRAMES`] of its allocations ago, or that came from
+///   elsewhere (the global list, another vCPU); ordinary stores for the
+///   rest. Stores are ordered before the frame is published (a fence
+///   after streaming ones). Other architectures than x86-64 use ordinary
+///   stores whatever the knob says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum ZeroStores {
+    /// Ordinary stores.
+    Cached,
+    /// Streaming stores but for the faulting line.
+    Streaming,
+    /// Streaming stores for frames that have left the vCPU's caches.
+    Auto,
+}
+
+/// `zero_stores=auto`: a frame the vCPU put in its cache this many of its
+/// frame allocations ago or more (8 MiB of frames since) is zeroed with
+/// streaming stores.
+pub const STREAM_AFTER_FRAMES: u32 = 2048;
+
+impl ZeroStores {
+    /// The knob value: `cached`, `streaming` or `auto`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ZeroStores::Cached => "cached",
+            ZeroStores::Streaming => "streaming",
+            ZeroStores::Auto => "auto",
+        }
+    }
+
+    fn parse(v: &str) -> std::result::Result<ZeroStores, &'static str> {
+        match v.trim() {
+            "cached" => Ok(ZeroStores::Cached),
+            "streaming" => Ok(ZeroStores::Streaming),
+            "auto" => Ok(ZeroStores::Auto),
+            _ => Err("expected cached, streaming or auto"),
+        }
+    }
+}
+
 /// How many frames a vCPU's page cache may keep (see `pcpu_pages`).
 ///
 /// - `Fixed`: `pcpu_pages` (16 by default): a munmap of 128 MiB sends all
@@ -363,6 +421,8 @@ pub struct VmConfig {
     /// `pmap_zero_page` for `PG_ZERO` pages). `false` zeroes every frame
     /// at allocation, as before. Default true.
     pub reuse_zeroed: bool,
+    /// How a fault zeroes its frame (see [`ZeroStores`]). Default `Auto`.
+    pub zero_stores: ZeroStores,
 }
 
 impl Default for VmConfig {
@@ -388,6 +448,7 @@ impl Default for VmConfig {
             frame_order: FrameOrder::Ordered,
             map_lock: MapLock::Zoned,
             reuse_zeroed: true,
+            zero_stores: ZeroStores::Auto,
         }
     }
 }
@@ -429,6 +490,7 @@ impl VmConfig {
             "frame_order" => self.frame_order = FrameOrder::parse(value)?,
             "map_lock" => self.map_lock = MapLock::parse(value)?,
             "reuse_zeroed" => self.reuse_zeroed = parse_bool(value)?,
+            "zero_stores" => self.zero_stores = ZeroStores::parse(value)?,
             "lifecycle" => self.set_lifecycle(value)?,
             "pcpu_drain_hz" => {
                 self.pcpu_drain_hz = u32::try_from(parse_num(value)?).map_err(|_| "too large for a u32")?
@@ -438,28 +500,33 @@ impl VmConfig {
         Ok(())
     }
 
-    /// The `lifecycle` shorthand: the five knobs of a page's life and of
+    /// The `lifecycle` shorthand: the six knobs of a page's life and of
     /// the changes around it (`frame_order`, `pcpu_high`, `free_path`,
-    /// `map_lock`, `reuse_zeroed`) at once, so that one `--compare
-    /// lifecycle=baseline,sync,default` measures the plain lifecycle
-    /// (`baseline`: LIFO reuse, the fixed 16-frame cache, frees that wait
-    /// for their grace period, one map lock per space, every frame zeroed
-    /// at allocation; `seed` is another name for it) beside ordered frames
-    /// and adaptive caches with waiting frees (`sync`) and beside the
-    /// defaults (`default`, which `deferred` names too: every mechanism
-    /// on). `sync` and `deferred` take the default map lock and zero
-    /// reuse. It is not a knob of its own: `knobs()` lists the five it sets.
+    /// `map_lock`, `reuse_zeroed`, `zero_stores`) at once, so that one
+    /// `--compare lifecycle=baseline,sync,default` measures the plain
+    /// lifecycle (`baseline`: LIFO reuse, the fixed 16-frame cache, frees
+    /// that wait for their grace period, one map lock per space, every
+    /// frame zeroed at allocation with ordinary stores; `seed` is another
+    /// name for it) beside ordered frames and adaptive caches with waiting
+    /// frees (`sync`) and beside the defaults (`default`, which `deferred`
+    /// names too: every mechanism on). `sync` and `deferred` take the
+    /// default map lock, zero reuse and zeroing stores. It is not a knob of
+    /// its own: `knobs()` lists the six it sets.
     fn set_lifecycle(&mut self, value: &str) -> std::result::Result<(), &'static str> {
         let d = VmConfig::default();
-        let (order, high, free, map_lock, zeroed) = match value.trim() {
-            "baseline" | "seed" => (FrameOrder::Lifo, PcpHigh::Fixed, FreePath::Sync, MapLock::Global, false),
-            "default" => (d.frame_order, d.pcpu_high, d.free_path, d.map_lock, d.reuse_zeroed),
-            "sync" => (FrameOrder::Ordered, PcpHigh::Auto, FreePath::Sync, d.map_lock, d.reuse_zeroed),
-            "deferred" => (FrameOrder::Ordered, PcpHigh::Auto, FreePath::Deferred, d.map_lock, d.reuse_zeroed),
+        let (order, high, free) = match value.trim() {
+            "baseline" | "seed" => (FrameOrder::Lifo, PcpHigh::Fixed, FreePath::Sync),
+            "default" => (d.frame_order, d.pcpu_high, d.free_path),
+            "sync" => (FrameOrder::Ordered, PcpHigh::Auto, FreePath::Sync),
+            "deferred" => (FrameOrder::Ordered, PcpHigh::Auto, FreePath::Deferred),
             _ => return Err("expected baseline, sync, default or deferred"),
         };
-        (self.frame_order, self.pcpu_high, self.free_path, self.map_lock, self.reuse_zeroed) =
-            (order, high, free, map_lock, zeroed);
+        let (map_lock, zeroed, stores) = match value.trim() {
+            "baseline" | "seed" => (MapLock::Global, false, ZeroStores::Cached),
+            _ => (d.map_lock, d.reuse_zeroed, d.zero_stores),
+        };
+        (self.frame_order, self.pcpu_high, self.free_path) = (order, high, free);
+        (self.map_lock, self.reuse_zeroed, self.zero_stores) = (map_lock, zeroed, stores);
         Ok(())
     }
 
@@ -486,6 +553,7 @@ impl VmConfig {
             ("frame_order", self.frame_order.name().to_string()),
             ("map_lock", self.map_lock.name().to_string()),
             ("reuse_zeroed", self.reuse_zeroed.to_string()),
+            ("zero_stores", self.zero_stores.name().to_string()),
         ]
     }
 
@@ -619,7 +687,7 @@ mod tests {
     }
 
     #[test]
-    fn lifecycle_sets_the_five_knobs_of_a_page_life() {
+    fn lifecycle_sets_the_six_knobs_of_a_page_life() {
         let mut c = VmConfig::default();
         c.set("lifecycle", "baseline").unwrap();
         let seed = [
@@ -628,6 +696,7 @@ mod tests {
             ("frame_order", "lifo".to_string()),
             ("map_lock", "global".to_string()),
             ("reuse_zeroed", "false".to_string()),
+            ("zero_stores", "cached".to_string()),
         ];
         assert_eq!(c.non_default_knobs(), seed.to_vec());
         c.set("lifecycle", "sync").unwrap();

@@ -204,7 +204,9 @@ pub mod types;
 mod vm;
 
 pub use aspace::{AddressSpace, MAX_MAP_COUNT, PageHold};
-pub use config::{FaultPath, FrameOrder, FreePath, MapLock, PcpHigh, Refcount, Rmap, VmConfig};
+pub use config::{
+    FaultPath, FrameOrder, FreePath, MapLock, PcpHigh, Refcount, Rmap, STREAM_AFTER_FRAMES, VmConfig, ZeroStores,
+};
 pub use error::{Error, Op, Result, SegvCode};
 pub use stats::{Counter, CpuStats, Stats};
 pub use types::{Access, Advice, MMAP_MIN_ADDR, MapFlags, MappingInfo, MsyncFlags, PAGE_SIZE, Prot, TASK_SIZE};

@@ -147,6 +147,7 @@ stats! {
         frame_allocs: "frames allocated by the vCPU (data, page-table and index frames)",
         frames_adjacent: "frame allocations next to the vCPU's previous one (zeroing runs at memory speed over consecutive frames)",
         zeroings_skipped: "frames handed out zeroed without zeroing them: they were known to hold zeros (reuse_zeroed)",
+        zeroings_streamed: "faults' frames zeroed with streaming stores, but for the faulting line (zero_stores)",
         zero_fill: "faults that allocated and zeroed a new page",
         zero_page_maps: "read faults satisfied by mapping the shared zero page",
         page_maps: "faults that mapped a page already resident in its object",

@@ -296,6 +296,11 @@ impl Vm {
         }
         phys.set_ordered(config.frame_order == crate::config::FrameOrder::Ordered);
         phys.set_reuse_zeroed(config.reuse_zeroed);
+        phys.set_stream_after(match config.zero_stores {
+            crate::config::ZeroStores::Cached => None,
+            crate::config::ZeroStores::Streaming => Some(0),
+            crate::config::ZeroStores::Auto => Some(crate::config::STREAM_AFTER_FRAMES),
+        });
         if config.free_path == crate::config::FreePath::Deferred {
             // One list per RCU reader (the vCPU slots, the slot of threads
             // not attached, the daemon's), then the unowned one.

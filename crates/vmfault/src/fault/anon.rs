@@ -116,7 +116,7 @@ pub(super) fn resolve_stable(
         }
         nomem(lack.what())
     })?;
-    let mut fresh = if copy_below { fresh } else { filled(&frames, fresh, found) };
+    let mut fresh = if copy_below { fresh } else { filled(&frames, fresh, found, fault.addr) };
 
     let section = ctx.rcu_read();
     let now = object.map_or(Found::Zero, |o| o.find(pindex, &section));
@@ -253,13 +253,19 @@ pub(super) fn new_page<'p>(
 }
 
 /// Fill the frame of [`new_page`] (the bulk of a fault's work): a copy of
-/// the page below that `found` names, else zeros.
+/// the page below that `found` names, else zeros (kept in the cache at
+/// `addr`, the faulting address: `Frames::zero_for`).
 #[inline]
-pub(super) fn filled<'p>(frames: &Frames<'_>, mut fresh: Option<Fresh<'p>>, found: Found) -> Option<Fresh<'p>> {
+pub(super) fn filled<'p>(
+    frames: &Frames<'_>,
+    mut fresh: Option<Fresh<'p>>,
+    found: Found,
+    addr: u64,
+) -> Option<Fresh<'p>> {
     if let Some(new) = fresh.as_mut() {
         match found {
             Found::Below(src) => frames.phys().copy_into(&mut new.frame, src),
-            _ => frames.zero(&mut new.frame),
+            _ => frames.zero_for(&mut new.frame, addr),
         }
     }
     fresh

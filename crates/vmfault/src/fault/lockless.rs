@@ -89,5 +89,5 @@ pub(super) fn page<'p>(
         return Err(Abort::Io);
     }
     let fresh = anon::new_page(ctx, frames, vma, object, pindex, found, fault, slot).map_err(|_| Abort::NoMem)?;
-    Ok(Prepared { pindex, found, fresh: anon::filled(frames, fresh, found) })
+    Ok(Prepared { pindex, found, fresh: anon::filled(frames, fresh, found, fault.addr) })
 }

@@ -103,6 +103,10 @@ pub(crate) struct PhysMem {
     /// `[I]` frames known to hold zeros are not zeroed again
     /// (`VmConfig::reuse_zeroed`, `mark_zeroed`).
     reuse_zeroed: bool,
+    /// `[I]` faults zero a frame with streaming stores once it has been
+    /// in a vCPU's cache this many of the vCPU's allocations, or came from
+    /// elsewhere; `None`: never (`VmConfig::zero_stores`; `Frames::zero_for`).
+    stream_after: Option<u32>,
     /// `[S]` frees nobody waits for (`VmConfig::free_path = deferred`; locks
     /// inside); see `deferred`.
     pub(crate) deferred: Option<deferred::Deferred>,
@@ -158,6 +162,7 @@ impl PhysMem {
             queues: queues.then(|| PageQueues::new(rcu)),
             ordered: false,
             reuse_zeroed: false,
+            stream_after: None,
             deferred: None,
         })
     }
@@ -385,6 +390,17 @@ impl PhysMem {
     /// known to hold them already (`mark_zeroed`). Says whether it wrote.
     #[inline]
     pub(crate) fn zero(&self, f: &mut OwnedFrame) -> bool {
+        self.zero_with(f, None)
+    }
+
+    /// [`zero`](PhysMem::zero), with streaming (non-temporal) stores for
+    /// every line but the one at byte `keep` of the frame when `keep` is
+    /// given (`VmConfig::zero_stores`): that line is written with ordinary
+    /// stores, last, so that the access about to use it finds it cached.
+    /// The streaming stores are fenced before this returns: whatever
+    /// publishes the frame afterwards (a Release store) orders them too.
+    #[inline]
+    pub(crate) fn zero_with(&self, f: &mut OwnedFrame, keep: Option<usize>) -> bool {
         let page = self.page(f.0);
         if page.zeroed.load(Ordering::Relaxed) != 0 {
             page.zeroed.store(0, Ordering::Relaxed);
@@ -392,10 +408,28 @@ impl PhysMem {
             debug_assert!(self.words(f.0).iter().all(|w| w.load(Ordering::Relaxed) == 0), "{:?} was not zero", f.0);
             return false;
         }
-        // SAFETY: the frame lies inside the arena, and an `OwnedFrame` is
-        // reachable by nobody else (rule 1), so plain writes race nothing.
-        unsafe { std::ptr::write_bytes(self.arena.frame_ptr(f.0.0), 0, PAGE_SIZE as usize) }
+        let p = self.arena.frame_ptr(f.0.0);
+        match keep {
+            // SAFETY: as below; `keep` is reduced to a line of the frame.
+            Some(keep) => unsafe { arena::stream_zero(p, keep % PAGE_SIZE as usize) },
+            // SAFETY: the frame lies inside the arena, and an `OwnedFrame` is
+            // reachable by nobody else (rule 1), so plain writes race nothing.
+            None => unsafe { std::ptr::write_bytes(p, 0, PAGE_SIZE as usize) },
+        }
         true
+    }
+
+    /// Faults zero a frame with streaming stores once it has been in a
+    /// vCPU's cache `after` of the vCPU's allocations (0: always), or came
+    /// from elsewhere; `None`: never (`VmConfig::zero_stores`).
+    pub(crate) fn set_stream_after(&mut self, after: Option<u32>) {
+        self.stream_after = after;
+    }
+
+    /// See [`set_stream_after`](PhysMem::set_stream_after).
+    #[inline]
+    pub(crate) fn stream_after(&self) -> Option<u32> {
+        self.stream_after
     }
 
     /// An owned frame is about to be written other than by
@@ -662,6 +696,83 @@ mod tests {
         phys.read_bytes(phys.zero_pfn(), 100, &mut zero);
         assert_eq!(zero, [0; 16]);
         phys.free_after_grace(&rcu, &[pfn]);
+    }
+
+    #[test]
+    fn streaming_zeroing_clears_every_line_whichever_it_keeps() {
+        let (rcu, _r) = Rcu::new(1);
+        let phys = PhysMem::new(8, false, &rcu, NO_PCP, false, false).unwrap();
+        let frames = Frames::global(&phys);
+        let mut f = frames.alloc().unwrap();
+        // Every line, its first and last byte, and bytes past the page
+        // (reduced to a line of it).
+        let keeps = (0..64).map(|l| l * 64).chain([1, 63, 4095, 4096 + 130, usize::MAX]);
+        for keep in keeps {
+            phys.owned_bytes(&mut f).fill(0xa5);
+            assert!(phys.zero_with(&mut f, Some(keep)), "nothing marked it zeroed");
+            let bytes = phys.owned_bytes(&mut f);
+            let dirty = bytes.iter().position(|&b| b != 0);
+            assert_eq!(dirty, None, "keeping the line of byte {keep}: byte {dirty:?} is not zero");
+        }
+        frames.free_owned(f);
+    }
+
+    #[test]
+    fn frames_that_left_a_vcpus_cache_are_zeroed_streaming() {
+        use crate::stats::Counter;
+        const AFTER: u32 = 2048;
+        let (rcu, readers) = Rcu::new(2);
+        let cfg = PcpConfig { capacity: 4, fill: 3, drain: 4, max: 4 };
+        let mut phys = PhysMem::new(16, false, &rcu, cfg, false, false).unwrap();
+        phys.set_stream_after(Some(AFTER));
+        let (ca, cb) = (crate::stats::CounterSet::new(), crate::stats::CounterSet::new());
+        let a = Frames::new(&phys, &rcu, &readers[0], &ca);
+        let b = Frames::new(&phys, &rcu, &readers[1], &cb);
+        let streamed = |c: &crate::stats::CounterSet| c.get(Counter::zeroings_streamed);
+        // Straight from the global list: never in a's cache.
+        let mut f = a.alloc().unwrap();
+        a.zero_for(&mut f, 0);
+        assert_eq!(streamed(&ca), 1, "a frame from the global list has left every cache");
+        // Freed into a's cache and taken again at once: warm.
+        let pfn = f.pfn();
+        a.free_owned(f);
+        let mut f = a.alloc().unwrap();
+        assert_eq!(f.pfn(), pfn, "the cache hands out its last free first");
+        a.zero_for(&mut f, 100);
+        assert_eq!(streamed(&ca), 1, "a frame a moment in a's cache is zeroed with ordinary stores");
+        // Freed into a's cache, then a allocates a cache's worth of others.
+        a.free_owned(f);
+        ca.add(Counter::frame_allocs, u64::from(AFTER) - 1);
+        let mut f = a.alloc().unwrap();
+        assert_eq!(f.pfn(), pfn);
+        a.zero_for(&mut f, 200);
+        assert_eq!(streamed(&ca), 2, "a frame a allocated AFTER frames since is streamed");
+        // Freed into a's cache, taken by b (after a drain).
+        a.free_owned(f);
+        let mut got = Vec::new();
+        while let Some(g) = b.alloc() {
+            got.push(g);
+        }
+        let mut f = got.iter().position(|g| g.pfn() == pfn).map(|i| got.swap_remove(i)).expect("b got every frame");
+        b.zero_for(&mut f, 300);
+        assert_eq!(streamed(&cb), 1, "a frame from a's cache has left b's");
+        got.push(f);
+        for g in got {
+            b.free_owned(g);
+        }
+        // The knob's other values: never (`cached`) and always (`streaming`).
+        for (after, want) in [(None, 0), (Some(0), 1)] {
+            let mut phys = PhysMem::new(16, false, &rcu, cfg, false, false).unwrap();
+            phys.set_stream_after(after);
+            let c = crate::stats::CounterSet::new();
+            let a = Frames::new(&phys, &rcu, &readers[0], &c);
+            let mut f = a.alloc().unwrap();
+            a.free_owned(f);
+            f = a.alloc().unwrap();
+            a.zero_for(&mut f, 0);
+            assert_eq!(streamed(&c), want, "stream after {after:?}");
+            a.free_owned(f);
+        }
     }
 
     #[test]

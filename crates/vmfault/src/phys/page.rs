@@ -96,9 +96,14 @@ pub(crate) struct Page {
     /// write to the frame (its zeroing, which this lets it skip; a copy, a
     /// read-in; its publication). FreeBSD's `PG_ZERO`.
     pub(crate) zeroed: AtomicU32,
+    /// `[o]` when the frame last went into a vCPU's cache, for
+    /// `zero_stores=auto` (`Frames::zero_for`): that vCPU's slot plus one
+    /// (bits 21 and up) and its frame allocations then (the low 21 bits);
+    /// 0: never. Written by whoever frees the frame into its cache.
+    pub(crate) cached_at: AtomicU32,
 }
 
-/// The budget: at most 64 bytes per frame (52 used), one cache line, so
+/// The budget: at most 64 bytes per frame (56 used), one cache line, so
 /// that metadata stays a sixty-fourth of memory.
 /// Not under loom, whose model atomics are larger than the real ones.
 #[cfg(not(loom))]
@@ -118,6 +123,7 @@ impl Page {
             qprev: AtomicU32::new(0),
             children: AtomicU32::new(0),
             zeroed: AtomicU32::new(0),
+            cached_at: AtomicU32::new(0),
         }
     }
 

@@ -28,8 +28,10 @@
 
 use super::{OwnedFrame, Pfn, PhysMem};
 use crate::stats::{Counter, CounterSet};
+use crate::sync::atomic::Ordering;
 use crate::sync::percpu::Magazine;
 use crate::sync::rcu::{Rcu, RcuReader};
+use crate::types::PAGE_SIZE;
 
 /// Sizes of the per-CPU caches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -214,12 +216,46 @@ impl<'a> Frames<'a> {
         }
     }
 
+    /// Zero the new frame of a fault at `addr` (`VmConfig::zero_stores`):
+    /// with streaming stores but for the faulting line where the frame has
+    /// left this vCPU's caches: it came from elsewhere, or this vCPU has
+    /// allocated `stream_after` frames since it put it in its cache.
+    /// Counts what it skipped or streamed.
+    #[inline]
+    pub(crate) fn zero_for(&self, f: &mut OwnedFrame, addr: u64) {
+        let keep = match self.phys.stream_after() {
+            Some(after) if self.left_caches(f.0, after) => Some((addr % PAGE_SIZE) as usize),
+            _ => None,
+        };
+        let wrote = self.phys.zero_with(f, keep);
+        if let Some(cpu) = &self.cpu {
+            match (wrote, keep) {
+                (false, _) => cpu.counters.inc(Counter::zeroings_skipped),
+                (true, Some(_)) => cpu.counters.inc(Counter::zeroings_streamed),
+                (true, None) => {}
+            }
+        }
+    }
+
+    /// Whether frame `pfn` has left this vCPU's caches, as far as its
+    /// `cached_at` stamp tells: it was put in another vCPU's cache (or
+    /// none), or this vCPU has allocated `after` frames since it put it in
+    /// its own. Without a vCPU: no.
+    #[inline]
+    fn left_caches(&self, pfn: Pfn, after: u32) -> bool {
+        let Some(cpu) = &self.cpu else { return false };
+        let then = self.phys.page(pfn).cached_at.load(Ordering::Relaxed);
+        let now = cache_stamp(cpu);
+        then >> STAMP_BITS != now >> STAMP_BITS || now.wrapping_sub(then) & STAMP_MASK >= after
+    }
+
     /// Free a frame nobody else can reach (never published, or taken back).
     pub(crate) fn free_owned(&self, f: OwnedFrame) {
         let phys = self.phys;
         let (Some(cpu), Some(pcp)) = (&self.cpu, &phys.pcp) else {
             return phys.free.give(&phys.pages, std::iter::once(f.0.0));
         };
+        phys.page(f.0).cached_at.store(cache_stamp(cpu), Ordering::Relaxed);
         pcp.local(cpu.rcu, cpu.reader, |m| {
             if let Err(p) = m.push(f.0.0) {
                 if m.can_grow() && !phys.short_of_frames() {
@@ -323,6 +359,28 @@ impl<'a> Frames<'a> {
         if !cold.is_empty() {
             phys.free.give(&phys.pages, cold.iter().map(|&p| phys.retire(p)));
         }
-        m.extend(warm.iter().map(|&p| phys.retire(p)));
+        let stamp = self.cpu.as_ref().map_or(0, cache_stamp);
+        m.extend(warm.iter().map(|&p| {
+            phys.page(p).cached_at.store(stamp, Ordering::Relaxed);
+            phys.retire(p)
+        }));
     }
+}
+
+/// Bits of a `cached_at` stamp that count the vCPU's frame allocations;
+/// the bits above name the vCPU's slot plus one (`VmConfig::cpus` is at
+/// most 1,024, so the slot fits; were it larger, two slots sharing a name
+/// would only make a frame look warm to the wrong vCPU: a zeroing with
+/// ordinary stores, never a wrong result).
+const STAMP_BITS: u32 = 21;
+const STAMP_MASK: u32 = (1 << STAMP_BITS) - 1;
+
+/// The `cached_at` stamp of a frame this vCPU puts in its cache now
+/// (`Page::cached_at`). The count wraps every 2^21 allocations (8 GiB): a
+/// frame cached exactly that long ago is taken for a warm one, and zeroed
+/// with ordinary stores, as without the stamp.
+#[inline]
+fn cache_stamp(cpu: &CpuFrames<'_>) -> u32 {
+    let slot = (cpu.reader.index() as u32).wrapping_add(1);
+    (slot << STAMP_BITS) | (cpu.counters.get(Counter::frame_allocs) as u32 & STAMP_MASK)
 }
