@@ -255,7 +255,7 @@ pub(super) fn new_page<'p>(
 /// Fill the frame of [`new_page`] (the bulk of a fault's work): a copy of
 /// the page below that `found` names, else zeros (kept in the cache at
 /// `addr`, the faulting address: `Frames::zero_for`).
-#[inline]
+#[inline(always)]
 pub(super) fn filled<'p>(
     frames: &Frames<'_>,
     mut fresh: Option<Fresh<'p>>,

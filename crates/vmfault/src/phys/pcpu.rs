@@ -221,7 +221,7 @@ impl<'a> Frames<'a> {
     /// left this vCPU's caches: it came from elsewhere, or this vCPU has
     /// allocated `stream_after` frames since it put it in its cache.
     /// Counts what it skipped or streamed.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn zero_for(&self, f: &mut OwnedFrame, addr: u64) {
         let keep = match self.phys.stream_after() {
             Some(after) if self.left_caches(f.0, after) => Some((addr % PAGE_SIZE) as usize),
@@ -241,7 +241,7 @@ impl<'a> Frames<'a> {
     /// `cached_at` stamp tells: it was put in another vCPU's cache (or
     /// none), or this vCPU has allocated `after` frames since it put it in
     /// its own. Without a vCPU: no.
-    #[inline]
+    #[inline(always)]
     fn left_caches(&self, pfn: Pfn, after: u32) -> bool {
         let Some(cpu) = &self.cpu else { return false };
         let then = self.phys.page(pfn).cached_at.load(Ordering::Relaxed);
