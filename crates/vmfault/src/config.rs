@@ -166,14 +166,21 @@ impl FrameOrder {
 /// - `Streaming`: streaming stores for every frame, but for the line the
 ///   faulting access touches, which ordinary stores write last so that the
 ///   access finds it in the cache (Linux clears the target subpage of a
-///   huge page last for the same reason). Measured 0.60x ebizzy at one
-///   vCPU on the project's 2-core machine: it is there to compare.
+///   huge page last for the same reason). It cost ebizzy 0.71x at one vCPU
+///   on the project's 2-core machine (README, `zero_stores`): it is there
+///   to compare.
 /// - `Auto`: streaming for a frame this vCPU put in its cache at least
-///   [`STREAM_AFTER_FRAMES`] of its allocations ago, or that came from
-///   elsewhere (the global list, another vCPU); ordinary stores for the
-///   rest. Stores are ordered before the frame is published (a fence
-///   after streaming ones). Other architectures than x86-64 use ordinary
-///   stores whatever the knob says.
+///   [`STREAM_AFTER_FRAMES`] of its allocations ago, or never (another
+///   vCPU's, or one that has not been in a cache since the `Vm` began; a
+///   frame this vCPU's cache overflowed to the global list keeps its
+///   stamp); ordinary stores for the rest (a stamp in the page descriptor
+///   written as the frame enters a cache; the stamp says when a frame entered the cache, not which of its
+///   lines are still there: a guess, which can only choose the slower
+///   stores, never change what the frame holds). Without per-CPU caches
+///   (`pcpu_pages=0`) nothing is stamped and `auto` is `cached`. Stores
+///   are ordered before the frame is published (a fence after streaming
+///   ones). Other architectures than x86-64 use ordinary stores whatever
+///   the knob says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 pub enum ZeroStores {
     /// Ordinary stores.

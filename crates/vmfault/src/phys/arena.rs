@@ -137,6 +137,10 @@ fn cgroup_room() -> Option<u64> {
 /// Bytes in a cache line.
 const LINE: usize = 64;
 
+/// Whether [`stream_zero`] uses streaming stores here (x86-64, not under
+/// miri); elsewhere it writes ordinary ones.
+pub(crate) const STREAMS: bool = cfg!(all(target_arch = "x86_64", not(miri)));
+
 /// Zero the frame at `p` with streaming (non-temporal) stores, but for the
 /// line holding byte `keep`, which ordinary stores write last so that it
 /// stays in the cache; then fence, so that the streaming stores are

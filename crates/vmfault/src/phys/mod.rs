@@ -703,7 +703,15 @@ mod tests {
         let (rcu, _r) = Rcu::new(1);
         let phys = PhysMem::new(8, false, &rcu, NO_PCP, false, false).unwrap();
         let frames = Frames::global(&phys);
-        let mut f = frames.alloc().unwrap();
+        // Three frames in a row (the free list hands them out in order):
+        // the middle one is zeroed, its neighbours must keep their bytes.
+        let mut three: Vec<OwnedFrame> = (0..3).map(|_| frames.alloc().unwrap()).collect();
+        three.sort_by_key(|f| f.pfn().0);
+        assert!(three[0].pfn().0 + 2 == three[2].pfn().0, "three adjacent frames");
+        let [before, mut f, after] = <[OwnedFrame; 3]>::try_from(three).ok().unwrap();
+        let (mut before, mut after) = (before, after);
+        phys.owned_bytes(&mut before).fill(0x3c);
+        phys.owned_bytes(&mut after).fill(0xc3);
         // Every line, its first and last byte, and bytes past the page
         // (reduced to a line of it).
         let keeps = (0..64).map(|l| l * 64).chain([1, 63, 4095, 4096 + 130, usize::MAX]);
@@ -713,8 +721,15 @@ mod tests {
             let bytes = phys.owned_bytes(&mut f);
             let dirty = bytes.iter().position(|&b| b != 0);
             assert_eq!(dirty, None, "keeping the line of byte {keep}: byte {dirty:?} is not zero");
+            assert!(
+                phys.owned_bytes(&mut before).iter().all(|&b| b == 0x3c),
+                "keeping {keep}: the frame below changed"
+            );
+            assert!(phys.owned_bytes(&mut after).iter().all(|&b| b == 0xc3), "keeping {keep}: the frame above changed");
         }
-        frames.free_owned(f);
+        for g in [before, f, after] {
+            frames.free_owned(g);
+        }
     }
 
     #[test]
@@ -747,6 +762,14 @@ mod tests {
         assert_eq!(f.pfn(), pfn);
         a.zero_for(&mut f, 200);
         assert_eq!(streamed(&ca), 2, "a frame a allocated AFTER frames since is streamed");
+        // Published, freed after its grace period (munmap's way: `stash`),
+        // taken again at once: warm.
+        let published = phys.publish(f, Kind::Data);
+        a.free_aged(&[published]);
+        let mut f = a.alloc().unwrap();
+        assert_eq!(f.pfn(), pfn, "the cache hands out its last free first");
+        a.zero_for(&mut f, 250);
+        assert_eq!(streamed(&ca), 2, "a frame munmap's way put in a's cache a moment ago is warm");
         // Freed into a's cache, taken by b (after a drain).
         a.free_owned(f);
         let mut got = Vec::new();
@@ -756,6 +779,7 @@ mod tests {
         let mut f = got.iter().position(|g| g.pfn() == pfn).map(|i| got.swap_remove(i)).expect("b got every frame");
         b.zero_for(&mut f, 300);
         assert_eq!(streamed(&cb), 1, "a frame from a's cache has left b's");
+        assert_eq!(streamed(&ca), 2);
         got.push(f);
         for g in got {
             b.free_owned(g);

@@ -224,7 +224,7 @@ impl<'a> Frames<'a> {
     #[inline(always)]
     pub(crate) fn zero_for(&self, f: &mut OwnedFrame, addr: u64) {
         let keep = match self.phys.stream_after() {
-            Some(after) if self.left_caches(f.0, after) => Some((addr % PAGE_SIZE) as usize),
+            Some(after) if super::arena::STREAMS && self.left_caches(f.0, after) => Some((addr % PAGE_SIZE) as usize),
             _ => None,
         };
         let wrote = self.phys.zero_with(f, keep);
@@ -240,10 +240,10 @@ impl<'a> Frames<'a> {
     /// Whether frame `pfn` has left this vCPU's caches, as far as its
     /// `cached_at` stamp tells: it was put in another vCPU's cache (or
     /// none), or this vCPU has allocated `after` frames since it put it in
-    /// its own. Without a vCPU: no.
+    /// its own. Without a vCPU, or without caches (nothing is stamped): no.
     #[inline(always)]
     fn left_caches(&self, pfn: Pfn, after: u32) -> bool {
-        let Some(cpu) = &self.cpu else { return false };
+        let (Some(cpu), Some(_)) = (&self.cpu, &self.phys.pcp) else { return false };
         let then = self.phys.page(pfn).cached_at.load(Ordering::Relaxed);
         let now = cache_stamp(cpu);
         then >> STAMP_BITS != now >> STAMP_BITS || now.wrapping_sub(then) & STAMP_MASK >= after

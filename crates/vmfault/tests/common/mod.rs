@@ -44,11 +44,22 @@ pub fn settled(vm: &Vm) -> vmfault::Stats {
 /// (a drain, the grace-period thread) is missing from a read or two and
 /// then back; a frame lost stays missing, and the caller's assertion
 /// fails on it.
+/// A retry is reported on stderr (the frame's holder is not known yet:
+/// the test logs say how often and how long).
 pub fn settled_at(vm: &Vm, want: u64) -> vmfault::Stats {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let start = std::time::Instant::now();
+    let mut first = None;
     loop {
         let s = settled(vm);
-        if s.free_pages == want || std::time::Instant::now() > deadline {
+        let seen = *first.get_or_insert(s.free_pages);
+        if s.free_pages == want || start.elapsed() > std::time::Duration::from_secs(10) {
+            if seen != want {
+                eprintln!(
+                    "settled_at: {seen} free frames at first, {} after {:?} (want {want})",
+                    s.free_pages,
+                    start.elapsed()
+                );
+            }
             return s;
         }
         std::thread::sleep(std::time::Duration::from_millis(10));
