@@ -1,6 +1,7 @@
 //! `vmfault`: measure vmfault's fault path against the host kernel and
-//! against its own baselines (`bench`), print every counter (`stat`), or
-//! watch the per-vCPU counters live (`top`).
+//! against its own baselines (`bench`), compare two saved runs
+//! (`compare`), print every counter (`stat`), or watch the per-vCPU
+//! counters live (`top`).
 //!
 //! With `RUST_LOG` set (e.g. `RUST_LOG=vmfault::fault=debug`), vmfault's
 //! `tracing` events go to stderr: one per lockless fault that fell back to
@@ -10,6 +11,7 @@
 
 mod bench;
 mod check;
+mod compare;
 mod plot;
 mod stat;
 mod table;
@@ -43,6 +45,8 @@ enum Command {
     Top(RunArgs),
     /// Run random operation sequences on vmfault and on the host kernel; print the first divergence.
     Check(check::CheckArgs),
+    /// Compare two saved bench runs (their results.json), row by row, with the spread of the rounds.
+    Compare(compare::CompareArgs),
 }
 
 /// Options shared by every subcommand that builds a `Vm`.
@@ -153,6 +157,7 @@ fn main() -> ExitCode {
         Command::Stat(a) => stat::run(a),
         Command::Top(a) => top::run(a),
         Command::Check(a) => check::run(a),
+        Command::Compare(a) => compare::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
