@@ -153,7 +153,8 @@ impl Plan {
 }
 
 /// Size `cfg` for `workloads` at up to `threads` vCPUs: `cpus` and
-/// `phys_bytes`, unless `user_set` names them (the user's word wins).
+/// `phys_bytes`, and set `prefault` (measurements run on a backed arena),
+/// unless `user_set` names them (the user's word wins).
 pub fn size_vm(
     cfg: &mut VmConfig,
     workloads: &[Workload],
@@ -163,6 +164,11 @@ pub fn size_vm(
 ) {
     if !user_set.contains_key("cpus") {
         cfg.cpus = threads.max(1);
+    }
+    // Host faults on the arena would be measured as vmfault's: measure on
+    // a backed arena (the library's default leaves it to be backed on use).
+    if !user_set.contains_key("prefault") {
+        cfg.prefault = true;
     }
     if !user_set.contains_key("phys_bytes") {
         let need = workloads

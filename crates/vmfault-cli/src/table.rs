@@ -61,8 +61,14 @@ pub(crate) fn render(results: &Results, plan: &Plan) -> String {
     let _ = writeln!(out, "vmfault bench on {} ({} CPUs, Linux {}), {}", m.cpu_model, m.cores, m.kernel, m.date);
     let _ = writeln!(
         out,
-        "{} rounds of {:.2} s per point, interleaved across systems; medians, with the min..max of the rounds",
-        plan.rounds, plan.round_secs
+        "{} rounds of {:.2} s per point, interleaved across systems; medians, with the min..max of the rounds{}",
+        plan.rounds,
+        plan.round_secs,
+        if plan.user_settings.contains_key("prefault") || plan.compare.as_ref().is_some_and(|(k, _)| k == "prefault") {
+            ""
+        } else {
+            "; vmfault's arena prefaulted (prefault=true)"
+        }
     );
     if let Some(z) = results.zero_fill_pages_per_sec {
         let _ = writeln!(

@@ -357,7 +357,11 @@ pub struct VmConfig {
     /// (1..=1024). Default 64. Threads that are not attached share one more slot.
     pub cpus: usize,
     /// Touch every frame of the arena at start, so host page faults on the
-    /// arena do not pollute measurements. Default true.
+    /// arena do not pollute measurements. Default false: `Vm::new` returns
+    /// at once and the host backs the arena as it is used (prefaulting a 1
+    /// GiB `Vm` took 330-360 ms and kept all of it resident); the measuring
+    /// commands (`vmfault bench`, `vmfault stat`) turn it on unless told
+    /// otherwise.
     pub prefault: bool,
     /// Read faults on untouched private anonymous memory map one shared zero
     /// frame (as Linux does) instead of allocating. Default true.
@@ -437,7 +441,7 @@ impl Default for VmConfig {
         VmConfig {
             phys_bytes: 256 << 20,
             cpus: 64,
-            prefault: true,
+            prefault: false,
             zero_page: true,
             pcpu_pages: 16,
             pcpu_fill: 0,
