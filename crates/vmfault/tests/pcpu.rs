@@ -186,16 +186,24 @@ fn the_page_daemon_drains_idle_caches_when_memory_runs_low() {
     let hoard = Arc::new(Barrier::new(HOARDERS + 1));
     let (done_tx, done_rx) = mpsc::channel::<()>();
     let done_rx = Arc::new(std::sync::Mutex::new(done_rx));
+    // One hoarder at a time: a munmap while another vCPU is inside a
+    // read-side section leaves its frames on its deferred list (the
+    // default `free_path=deferred`) rather than in its cache, until it
+    // runs again, which a parked hoarder never does.
+    let one_at_a_time = Arc::new(std::sync::Mutex::new(()));
     let hoarders: Vec<_> = (0..HOARDERS)
         .map(|_| {
             let (vm, space, hoard, done_rx) = (vm.clone(), space.clone(), hoard.clone(), done_rx.clone());
+            let one_at_a_time = one_at_a_time.clone();
             std::thread::spawn(move || {
                 let _cpu = vm.attach().unwrap();
+                let turn = one_at_a_time.lock().unwrap();
                 let a = space.mmap(0, 48 * P, RW, PA).unwrap();
                 for p in 0..48 {
                     space.write(a + p * P, &[1]).unwrap();
                 }
                 space.munmap(a, 48 * P).unwrap();
+                drop(turn);
                 hoard.wait();
                 let _ = done_rx.lock().unwrap().recv(); // parked, holding its cache
             })
