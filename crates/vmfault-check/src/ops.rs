@@ -493,6 +493,9 @@ fn advice() -> impl Strategy<Value = i32> {
         2 => Just(libc::MADV_RANDOM),
         1 => Just(libc::MADV_SEQUENTIAL),
         2 => Just(libc::MADV_NORMAL),
+        1 => Just(libc::MADV_FREE),
+        1 => Just(libc::MADV_COLD),
+        1 => Just(libc::MADV_PAGEOUT),
     ]
 }
 

@@ -129,6 +129,15 @@ pub enum Advice {
     /// `MADV_FREE`: private anonymous memory may be reclaimed lazily; until it
     /// is, contents stay (`EINVAL` on other mappings).
     Free,
+    /// `MADV_COLD`: the pages will not be used soon (Linux moves them to
+    /// the inactive list). Contents stay; `EINVAL` on an `mlock`ed mapping.
+    /// Here it changes nothing else yet: the page queues' aging decides.
+    Cold,
+    /// `MADV_PAGEOUT`: reclaim the pages now (Linux pages them out where it
+    /// can). Contents stay (paged back in on access); `EINVAL` on an
+    /// `mlock`ed mapping. Here it changes nothing else yet: the page daemon
+    /// decides what goes to swap.
+    PageOut,
 }
 
 impl Advice {
@@ -141,14 +150,25 @@ impl Advice {
             Advice::WillNeed => libc::MADV_WILLNEED,
             Advice::DontNeed => libc::MADV_DONTNEED,
             Advice::Free => libc::MADV_FREE,
+            Advice::Cold => libc::MADV_COLD,
+            Advice::PageOut => libc::MADV_PAGEOUT,
         }
     }
 
     /// The advice for a Linux `MADV_*` value, if vmfault supports it.
     pub fn from_raw(raw: i32) -> Option<Advice> {
-        [Advice::Normal, Advice::Random, Advice::Sequential, Advice::WillNeed, Advice::DontNeed, Advice::Free]
-            .into_iter()
-            .find(|a| a.as_raw() == raw)
+        [
+            Advice::Normal,
+            Advice::Random,
+            Advice::Sequential,
+            Advice::WillNeed,
+            Advice::DontNeed,
+            Advice::Free,
+            Advice::Cold,
+            Advice::PageOut,
+        ]
+        .into_iter()
+        .find(|a| a.as_raw() == raw)
     }
 }
 

@@ -42,6 +42,12 @@ fn script(o: &mut dyn FnMut(Call) -> i64, out: &mut [i64]) {
         Mprotect(0, P, 0x10),
         Madvise(2, P, libc::MADV_FREE),
         Madvise(0, P, libc::MADV_FREE),
+        Madvise(3, P, libc::MADV_FREE),
+        Madvise(3, P, libc::MADV_COLD),
+        Madvise(3, P, libc::MADV_PAGEOUT),
+        Madvise(0, 2 * P, libc::MADV_COLD),
+        Madvise(0, 4 * P, libc::MADV_PAGEOUT),
+        Madvise(2, P, libc::MADV_PAGEOUT),
         Msync(0, P, libc::MS_ASYNC | libc::MS_SYNC),
         Msync(0, P, 8),
         Msync(3, P, libc::MS_INVALIDATE),
@@ -67,7 +73,7 @@ fn script(o: &mut dyn FnMut(Call) -> i64, out: &mut [i64]) {
     }
 }
 
-const CALLS: usize = 30;
+const CALLS: usize = 36;
 
 #[derive(Clone, Copy, Debug)]
 enum Fd {
@@ -159,8 +165,8 @@ fn argument_checks_match_the_host_kernel() {
     let (inval, nomem, busy) = (libc::EINVAL as i64, libc::ENOMEM as i64, libc::EBUSY as i64);
     let (ovf, badf, notsup) = (libc::EOVERFLOW as i64, libc::EBADF as i64, libc::EOPNOTSUPP as i64);
     let want = [
-        0, inval, nomem, inval, inval, nomem, 0, inval, inval, inval, 0, inval, inval, busy, nomem, nomem, nomem,
-        nomem, 0, nomem, 0, 0, notsup, ovf, 0, ovf, badf, badf, badf, inval,
+        0, inval, nomem, inval, inval, nomem, 0, inval, inval, inval, 0, inval, inval, inval, nomem, inval, 0, inval,
+        inval, busy, nomem, nomem, nomem, nomem, 0, nomem, 0, 0, notsup, ovf, 0, ovf, badf, badf, badf, inval,
     ];
     assert_eq!(host[..CALLS], want, "the host kernel");
 

@@ -23,12 +23,16 @@ impl AddressSpace {
     /// `DontNeed` drops pages: private anonymous memory reads back as zeros,
     /// shared memory keeps its contents. `Random`, `Sequential` and `Normal`
     /// set VMA flags (splitting and merging VMAs as Linux does). `WillNeed`
-    /// and `Free` change nothing without swap or memory pressure.
+    /// and `Free` change nothing without swap or memory pressure; `Cold`
+    /// and `PageOut` change nothing here yet (the page queues and the page
+    /// daemon decide what is reclaimed), but are checked as Linux checks
+    /// them.
     ///
     /// Errors: unaligned `addr`, a range that wraps, `Free` on shared memory
-    /// or a file mapping (`EINVAL`); `DontNeed` or `Free` on an `mlock`ed mapping (`EINVAL`, once
-    /// the mappings before it are advised); holes in the range (`ENOMEM`,
-    /// after advising the rest).
+    /// or a file mapping (`EINVAL`); `DontNeed`, `Free`, `Cold` or
+    /// `PageOut` on an `mlock`ed mapping (`EINVAL`, once the mappings
+    /// before it are advised); holes in the range (`ENOMEM`, after
+    /// advising the rest).
     pub fn madvise(&self, addr: u64, len: u64, advice: Advice) -> Result<()> {
         self.s.vm.with_ctx(|ctx| {
             ctx.count(Counter::madvise_calls);
@@ -55,11 +59,17 @@ impl Space {
         match advice {
             Advice::Normal | Advice::Random | Advice::Sequential => self.madvise_flags(ctx, addr, end, advice),
             Advice::DontNeed => self.dontneed(ctx, addr, end),
-            Advice::WillNeed | Advice::Free => {
+            Advice::WillNeed | Advice::Free | Advice::Cold | Advice::PageOut => {
                 let map = self.map_read(ctx, addr, end);
                 walk(op, &map, addr, end, |v, _, _| {
-                    if advice == Advice::Free && v.flags.contains(VmaFlags::LOCKED) {
-                        return Err(Error::inval(op, "MADV_FREE on an mlocked mapping", v.start));
+                    // Linux's `madvise_dontneed_free_valid_vma` and
+                    // `can_madv_lru_vma`: not on locked memory.
+                    if advice != Advice::WillNeed && v.flags.contains(VmaFlags::LOCKED) {
+                        return Err(Error::inval(
+                            op,
+                            "MADV_FREE, MADV_COLD or MADV_PAGEOUT on an mlocked mapping",
+                            v.start,
+                        ));
                     }
                     // Linux's `vma_is_anonymous`: shared memory (shmem)
                     // and private file mappings are not.

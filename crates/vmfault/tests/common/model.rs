@@ -137,7 +137,17 @@ impl Model {
                 let mut hole = false;
                 for p in first..first + align_up(len) / P {
                     match self.pages.get_mut(&p) {
-                        Some(page) if page.locked && [libc::MADV_DONTNEED, libc::MADV_FREE].contains(&advice) => {
+                        // Not on locked memory (Linux's
+                        // `madvise_dontneed_free_valid_vma`, `can_madv_lru_vma`).
+                        Some(page)
+                            if page.locked
+                                && [libc::MADV_DONTNEED, libc::MADV_FREE, libc::MADV_COLD, libc::MADV_PAGEOUT]
+                                    .contains(&advice) =>
+                        {
+                            return Outcome::Err(EINVAL);
+                        }
+                        // MADV_FREE: private anonymous memory only.
+                        Some(page) if advice == libc::MADV_FREE && matches!(page.backing, Backing::Shared { .. }) => {
                             return Outcome::Err(EINVAL);
                         }
                         Some(page) => {
