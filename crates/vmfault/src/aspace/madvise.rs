@@ -64,12 +64,16 @@ impl Space {
                 walk(op, &map, addr, end, |v, _, _| {
                     // Linux's `madvise_dontneed_free_valid_vma` and
                     // `can_madv_lru_vma`: not on locked memory.
-                    if advice != Advice::WillNeed && v.flags.contains(VmaFlags::LOCKED) {
-                        return Err(Error::inval(
-                            op,
-                            "MADV_FREE, MADV_COLD or MADV_PAGEOUT on an mlocked mapping",
-                            v.start,
-                        ));
+                    if v.flags.contains(VmaFlags::LOCKED) {
+                        let what = match advice {
+                            Advice::Free => Some("MADV_FREE on an mlocked mapping"),
+                            Advice::Cold => Some("MADV_COLD on an mlocked mapping"),
+                            Advice::PageOut => Some("MADV_PAGEOUT on an mlocked mapping"),
+                            _ => None,
+                        };
+                        if let Some(what) = what {
+                            return Err(Error::inval(op, what, v.start));
+                        }
                     }
                     // Linux's `vma_is_anonymous`: shared memory (shmem)
                     // and private file mappings are not.
