@@ -602,7 +602,7 @@ fn spawn_grace_thread(m: &Arc<Machine>) -> Result<std::thread::JoinHandle<()>> {
                     }
                     // Lists whose owner has not touched them since the
                     // last tick: their aged frames and values, here.
-                    idle.resize(d.unowned(), (0, 0));
+                    idle.resize(d.unowned(), crate::phys::IdleMark::default());
                     m.phys.flush_idle_deferred(&m.rcu, &mut idle);
                 }
                 // A wake after the load above has set the park token: the

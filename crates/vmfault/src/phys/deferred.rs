@@ -16,11 +16,15 @@
 //!   period merge.
 //! - The owner takes its aged batches back when its page cache misses (the
 //!   frames go into its own cache, where they were freed: nothing crosses
-//!   the global list) and at its next deferred free.
+//!   the global list) and at its next deferred free. The objects that end
+//!   with the VMAs a change removed, or with retired snapshots the owner
+//!   drops aged, free their frames the same way (`aspace::Space::finish`,
+//!   `drop_removed`), not each onto the list without a vCPU.
 //! - Frees without a vCPU (an object's end, on whatever thread drops it)
 //!   go onto one more list, which the grace-period thread itself empties
 //!   into the global list. So does it with a vCPU's list that nobody has
-//!   touched for one of its ticks (an idle or departed vCPU): its aged
+//!   touched for one of its ticks, its owner having run no read-side
+//!   section meanwhile either (an idle or departed vCPU): its aged
 //!   frames go to the global list and its aged values are dropped, as
 //!   Linux runs RCU callbacks whatever the CPU that queued them does.
 //! - An allocation that finds no frame anywhere waits for a grace period
@@ -58,7 +62,9 @@ use crate::sync::rcu::{GpCookie, Rcu, Retired};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A value whose drop waits for a grace period (see the module docs).
-pub(crate) type LateDrop = Retired<Box<dyn Send>>;
+/// (`Any`: its owner takes back what it knows, such as its own retired
+/// snapshots, whose nodes it reuses.)
+pub(crate) type LateDrop = Retired<Box<dyn std::any::Any + Send>>;
 
 /// Frames a list holds before a free wakes the grace-period thread.
 pub(crate) const WAKE_FRAMES: u64 = 256;
@@ -198,6 +204,21 @@ impl Deferred {
     /// free on another thread costs glibc's arena lock). Cheap when the
     /// list has none (one load).
     pub(crate) fn drop_aged_of(&self, i: usize, rcu: &Rcu, all: bool) -> u64 {
+        self.drop_aged_of_with(i, rcu, all, drop)
+    }
+
+    /// [`Deferred::drop_aged_of`], dropping the aged values with
+    /// `drop_them`, which places the frames their drops free (the owner
+    /// puts them in its own cache: `aspace::Space::finish`). They count
+    /// as being dropped until it returns, so an allocation that finds
+    /// nothing waits for them (see `dropping`).
+    pub(crate) fn drop_aged_of_with(
+        &self,
+        i: usize,
+        rcu: &Rcu,
+        all: bool,
+        drop_them: impl FnOnce(Vec<Box<dyn std::any::Any + Send>>),
+    ) -> u64 {
         let l = &self.lists[i];
         if l.late.load(Ordering::Relaxed) == 0 {
             return 0;
@@ -220,7 +241,7 @@ impl Deferred {
         let n = aged.len() as u64;
         // Outside the lock (a drop frees frames onto these lists), and
         // before `_dropping` reports them placed, also on a panic.
-        drop(aged);
+        drop_them(aged);
         n
     }
 

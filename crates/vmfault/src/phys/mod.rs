@@ -271,13 +271,18 @@ impl PhysMem {
     }
 
     /// The grace-period thread's tick for the vCPUs' own lists: a list
-    /// that holds something and has not changed since the last tick
-    /// (`last`, kept by the caller), its owner idle or gone, gives its aged
-    /// frames to the global list and drops its aged values here.
-    pub(crate) fn flush_idle_deferred(&self, rcu: &Rcu, last: &mut [(u64, u64)]) {
+    /// that holds something, has not changed since the last tick and whose
+    /// owner has run no read-side section since (`last`: what the list
+    /// held and the owner's `Rcu::activity`, kept by the caller), its
+    /// owner idle or gone, gives its aged frames to the global list and
+    /// drops its aged values here. A list whose owner is busy elsewhere
+    /// (computing between frees, as ebizzy's threads do) stays: its owner
+    /// takes it back into its own cache at its next miss or free, where
+    /// flushing it would cost a refill from the global list and a return.
+    pub(crate) fn flush_idle_deferred(&self, rcu: &Rcu, last: &mut [IdleMark]) {
         let Some(d) = &self.deferred else { return };
-        let idle: Vec<usize> =
-            (0..d.unowned()).filter(|&i| d.held_by(i) != (0, 0) && d.held_by(i) == last[i]).collect();
+        let now = |i: usize| IdleMark { held: d.held_by(i), activity: rcu.activity(i) };
+        let idle: Vec<usize> = (0..d.unowned()).filter(|&i| d.held_by(i) != (0, 0) && now(i) == last[i]).collect();
         // The values first (a drop may take a while: a file's write-back),
         // so that no frame stays in transit across them (an allocation
         // that finds nothing waits for frames in transit).
@@ -289,10 +294,21 @@ impl PhysMem {
         self.give_aged(&frames);
         drop(moving);
         for (i, seen) in last.iter_mut().enumerate().take(d.unowned()) {
-            *seen = d.held_by(i);
+            *seen = now(i);
         }
     }
+}
 
+/// What a vCPU's deferred list held (frames, values to drop) and how far
+/// its owner had run (`Rcu::activity`) at the grace-period thread's last
+/// tick ([`PhysMem::flush_idle_deferred`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct IdleMark {
+    held: (u64, u64),
+    activity: u64,
+}
+
+impl PhysMem {
     /// Free frames whose grace period has ended, in one batch.
     pub(crate) fn give_aged(&self, frames: &[Pfn]) {
         if frames.is_empty() {
@@ -812,7 +828,7 @@ mod tests {
         // Freed by vCPU 0 while vCPU 1 is inside a section: onto list 0.
         let inside = rcu.read_lock(&readers[1]);
         phys.deferred.as_ref().unwrap().push(0, rcu.cookie(), pfns.clone());
-        let mut last = vec![(0, 0); 3];
+        let mut last = vec![IdleMark::default(); 3];
         phys.flush_idle_deferred(&rcu, &mut last);
         assert_eq!(phys.deferred_frames(), 3, "first tick: the list just changed");
         phys.flush_idle_deferred(&rcu, &mut last);
@@ -820,6 +836,29 @@ mod tests {
         drop(inside);
         phys.flush_idle_deferred(&rcu, &mut last);
         assert_eq!((phys.deferred_frames(), phys.global_free_frames()), (0, free), "idle and aged: freed");
+    }
+
+    #[test]
+    fn a_busy_vcpus_deferred_frames_stay_on_its_list() {
+        let (rcu, readers) = Rcu::new(2);
+        let mut phys = PhysMem::new(32, false, &rcu, NO_PCP, false, false).unwrap();
+        phys.set_deferred(2);
+        let frames = Frames::global(&phys);
+        let pfns: Vec<Pfn> = (0..3).map(|_| phys.publish(frames.alloc().unwrap(), Kind::Data)).collect();
+        let inside = rcu.read_lock(&readers[1]);
+        phys.deferred.as_ref().unwrap().push(0, rcu.cookie(), pfns);
+        drop(inside);
+        let mut last = vec![IdleMark::default(); 3];
+        phys.flush_idle_deferred(&rcu, &mut last);
+        // Aged now, but vCPU 0 runs sections between the ticks (computing
+        // between its frees): it takes its own frames back.
+        for _ in 0..3 {
+            drop(rcu.read_lock(&readers[0]));
+            phys.flush_idle_deferred(&rcu, &mut last);
+            assert_eq!(phys.deferred_frames(), 3, "the owner is busy: its list stays");
+        }
+        phys.flush_idle_deferred(&rcu, &mut last);
+        assert_eq!(phys.deferred_frames(), 0, "a tick without its sections: idle, and freed");
     }
 
     #[test]

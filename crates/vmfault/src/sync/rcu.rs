@@ -384,10 +384,13 @@ impl Rcu {
                     p.left += usize::from(v & 1 == 1);
                 }
             } else {
+                // Only the readers noted inside a section are looked at
+                // again (each look is a cache miss on a line its owner
+                // writes at every section).
                 for (seen, slot) in p.seen.iter_mut().zip(self.slots.iter()) {
-                    let moved =
-                        cfg!(vmfault_mutation = "rcu_poll_unseen") || slot.count.load(Ordering::Acquire) != *seen;
-                    if *seen != 0 && moved {
+                    if *seen != 0
+                        && (cfg!(vmfault_mutation = "rcu_poll_unseen") || slot.count.load(Ordering::Acquire) != *seen)
+                    {
                         *seen = 0;
                         p.left -= 1;
                     }
@@ -513,6 +516,13 @@ impl Rcu {
     /// An identity for this `Rcu` (stable for its lifetime).
     pub fn id(&self) -> usize {
         self.id
+    }
+
+    /// Sections reader `i` has entered and left so far, times two (a
+    /// snapshot; it moves whenever the reader runs a section, so an
+    /// unmoved count over an interval means an idle reader).
+    pub fn activity(&self, i: usize) -> u64 {
+        self.slots[i].count.load(Ordering::Relaxed)
     }
 
     /// Number of readers.
