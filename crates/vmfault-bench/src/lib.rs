@@ -35,7 +35,7 @@ use std::collections::BTreeMap;
 use vmfault::{Vm, VmConfig};
 
 pub use harness::RoundResult;
-pub use results::{ABORT_COUNTERS, Comparison, LOCKLESS_COUNTERS, Machine, Results, Row, Spread};
+pub use results::{ABORT_COUNTERS, Comparison, LOCKLESS_COUNTERS, Machine, Results, Row, RunInfo, Spread};
 use target::{HostTarget, VmTarget};
 pub use workload::{Sizes, Workload};
 
@@ -251,7 +251,7 @@ pub fn run(plan: &Plan, observe: &mut dyn FnMut(Event)) -> Results {
     plan_info.insert("sizes".to_string(), serde_json::json!(plan.sizes));
     plan_info.insert("fresh_vm_per_point".to_string(), serde_json::json!(true));
     let config = plan.base.knobs().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
-    Results { machine, config, plan: plan_info, zero_fill_pages_per_sec, rows, comparisons }
+    Results { run: RunInfo::default(), machine, config, plan: plan_info, zero_fill_pages_per_sec, rows, comparisons }
 }
 
 /// Warm up, then run interleaved rounds of every system at one point.

@@ -148,9 +148,25 @@ pub struct Comparison {
     pub ratio_b_over_a: Spread,
 }
 
+/// What ran: the build and the command that made a run's results (filled
+/// by the command that runs the plan; empty from the library alone).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RunInfo {
+    /// The commit the binary was built from (`git describe`-like: a short
+    /// hash, `-dirty` if the working tree had uncommitted changes), or
+    /// `unknown` when it was built outside a git checkout.
+    pub commit: String,
+    /// The crate version.
+    pub version: String,
+    /// The command line, one argument per element.
+    pub command: Vec<String>,
+}
+
 /// Everything a run measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct Results {
+    /// The build and command line.
+    pub run: RunInfo,
     /// The machine.
     pub machine: Machine,
     /// The base VmConfig, every knob.

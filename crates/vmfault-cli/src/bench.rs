@@ -1,12 +1,12 @@
 //! `vmfault bench`: build a plan from the arguments, run it with a progress
 //! bar, print the table, write `bench-results/` (JSON, CSV, plots).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use vmfault::VmConfig;
-use vmfault_bench::{Event, Plan, Results, Sizes, Workload, default_threads, run as run_plan};
+use vmfault_bench::{Event, Plan, Results, RunInfo, Sizes, Workload, default_threads, run as run_plan};
 
 use crate::{BenchArgs, apply_sets, plot, table};
 
@@ -74,18 +74,45 @@ fn plan(a: &BenchArgs) -> Result<Plan, String> {
     })
 }
 
-/// Write JSON, CSV and plots into `out` (and the extra paths asked for).
+/// A new directory for one run's files under `parent`, named by the run's
+/// start (`stamp`, with `-2`, `-3` ... if taken: nothing is overwritten),
+/// and `parent/latest` pointed at it.
+fn run_dir(parent: &Path, stamp: &str) -> Result<PathBuf, String> {
+    std::fs::create_dir_all(parent).map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+    let (dir, name) = (1..)
+        .map(|n| if n == 1 { stamp.to_string() } else { format!("{stamp}-{n}") })
+        .map(|name| (parent.join(&name), name))
+        .find_map(|(dir, name)| match std::fs::create_dir(&dir) {
+            Ok(()) => Some(Ok((dir, name))),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => None,
+            Err(e) => Some(Err(format!("cannot create {}: {e}", dir.display()))),
+        })
+        .expect("some suffix is free")?;
+    // A new link renamed over the old one: `latest` is never missing.
+    let (latest, tmp) = (parent.join("latest"), parent.join(format!(".latest-{}", std::process::id())));
+    let _ = std::fs::remove_file(&tmp);
+    let linked = std::os::unix::fs::symlink(&name, &tmp).and_then(|()| std::fs::rename(&tmp, &latest));
+    if let Err(e) = linked {
+        let _ = std::fs::remove_file(&tmp);
+        eprintln!("vmfault: warning: could not point {} at {name}: {e}", latest.display());
+    }
+    Ok(dir)
+}
+
+/// Write JSON, CSV and plots into a new directory under `out` (and the
+/// extra paths asked for).
 fn write_outputs(a: &BenchArgs, results: &Results) -> Result<Vec<String>, String> {
     let mut written = Vec::new();
-    std::fs::create_dir_all(&a.out).map_err(|e| format!("cannot create {}: {e}", a.out.display()))?;
+    let stamp: String = results.machine.date.chars().filter(|c| c.is_ascii_alphanumeric()).collect();
+    let out = run_dir(&a.out, &stamp)?;
     let mut save = |what: &str, path: &Path, r: Result<(), String>| {
         r.map_err(|e| format!("writing {what} to {}: {e}", path.display()))?;
         written.push(path.display().to_string());
         Ok::<(), String>(())
     };
-    let json = a.out.join("results.json");
+    let json = out.join("results.json");
     save("JSON", &json, results.write_json(&json).map_err(|e| e.to_string()))?;
-    let csv = a.out.join("results.csv");
+    let csv = out.join("results.csv");
     save("CSV", &csv, results.write_csv(&csv).map_err(|e| e.to_string()))?;
     // The plots in the output directory are a convenience: a machine
     // without fonts still gets its numbers (a warning, not a failure);
@@ -94,10 +121,10 @@ fn write_outputs(a: &BenchArgs, results: &Results) -> Result<Vec<String>, String
         Ok(()) => {}
         Err(e) => eprintln!("vmfault: warning: {e}"),
     };
-    let scaling = a.out.join("scaling.png");
+    let scaling = out.join("scaling.png");
     optional("the scaling plot", &scaling, plot::scaling(results, &scaling));
     if !results.comparisons.is_empty() {
-        let cmp = a.out.join("compare.png");
+        let cmp = out.join("compare.png");
         optional("the comparison plot", &cmp, plot::comparisons(results, &cmp));
     }
     if let Some(p) = &a.json {
@@ -143,6 +170,12 @@ pub(crate) fn run(a: BenchArgs) -> Result<(), String> {
         }
     });
     bar.finish_and_clear();
+    let mut results = results;
+    results.run = RunInfo {
+        commit: env!("VMFAULT_COMMIT").to_string(),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        command: std::env::args().collect(),
+    };
     print!("{}", table::render(&results, &plan));
     let written = write_outputs(&a, &results)?;
     println!("\nwrote {}", written.join(", "));
@@ -177,6 +210,19 @@ mod tests {
         assert_eq!(p.user_settings.get("zero_page").map(String::as_str), Some("false"));
         assert_eq!(p.compare, Some(("prefault".into(), vec!["true".into(), "false".into()])));
         assert_eq!(plan(&args("vmfault bench all")).unwrap().workloads.len(), Workload::ALL.len() - 1);
+    }
+
+    #[test]
+    fn each_run_gets_its_own_directory_and_latest_follows() {
+        let parent = std::env::temp_dir().join(format!("vmfault-run-dir-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&parent);
+        let first = run_dir(&parent, "20261125T120000Z").unwrap();
+        std::fs::write(first.join("results.json"), "first").unwrap();
+        let second = run_dir(&parent, "20261125T120000Z").unwrap();
+        assert_eq!(second, parent.join("20261125T120000Z-2"), "a taken name is not reused");
+        assert_eq!(std::fs::read_to_string(first.join("results.json")).unwrap(), "first", "nothing overwritten");
+        assert_eq!(std::fs::read_link(parent.join("latest")).unwrap(), Path::new("20261125T120000Z-2"));
+        let _ = std::fs::remove_dir_all(&parent);
     }
 
     #[test]

@@ -91,7 +91,9 @@ struct BenchArgs {
     /// Also write the thread-scaling plot here (.png or .svg).
     #[arg(long, value_name = "FILE")]
     plot: Option<PathBuf>,
-    /// Directory for results.json, results.csv and the plots.
+    /// Directory under which each run writes a new directory (named by its
+    /// start, UTC) with results.json, results.csv and the plots;
+    /// `latest` there points at the newest.
     #[arg(long, default_value = "bench-results")]
     out: PathBuf,
 }

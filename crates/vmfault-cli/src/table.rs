@@ -58,7 +58,8 @@ fn opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
 pub(crate) fn render(results: &Results, plan: &Plan) -> String {
     let mut out = String::new();
     let m = &results.machine;
-    let _ = writeln!(out, "vmfault bench on {} ({} CPUs, Linux {}), {}", m.cpu_model, m.cores, m.kernel, m.date);
+    let built = if results.run.commit.is_empty() { String::new() } else { format!(", commit {}", results.run.commit) };
+    let _ = writeln!(out, "vmfault bench on {} ({} CPUs, Linux {}), {}{built}", m.cpu_model, m.cores, m.kernel, m.date);
     let _ = writeln!(
         out,
         "{} rounds of {:.2} s per point, interleaved across systems; medians, with the min..max of the rounds{}",
