@@ -50,9 +50,11 @@
 //! until the grace period has passed).
 //!
 //! Each list has its own mutex, taken by its owner (uncontended) and by
-//! the rare whole-machine flush; the only line all vCPUs write is the
-//! request counter the thread watches (once per deferred free, not per
-//! fault).
+//! the rare whole-machine flush. So are the counts of what is in transit
+//! between a list and a cache. The only line all vCPUs write here is the
+//! request counter the thread watches (when a list reaches
+//! `WAKE_FRAMES`), besides the grace-period state of `sync::rcu` that
+//! their polls write.
 
 use std::sync::Mutex;
 
@@ -92,6 +94,19 @@ struct List {
     drops: Mutex<Vec<LateDrop>>,
     /// `[a]` values queued in `drops` (written under its mutex).
     late: AtomicU64,
+    /// `[a]` frames taken off this list and not yet put on the global
+    /// list or a page cache: an allocation that finds nothing anywhere
+    /// waits for them before it reports `ENOMEM` (their mover may be
+    /// preempted). Per list, as the two below: its owner moves them at
+    /// every deferred free, and a count all vCPUs wrote would be a line
+    /// they all write (three locked instructions per vmlocal loop).
+    transit: AtomicU64,
+    /// `[a]` values taken off `drops` and not yet dropped: their frames
+    /// are on no list yet (see `transit`).
+    dropping: AtomicU64,
+    /// `[a]` placements of this list's frames in transit so far (and
+    /// drops done).
+    placements: AtomicU64,
 }
 
 /// One batch list per vCPU slot, and one for frees without a vCPU.
@@ -99,15 +114,6 @@ pub(crate) struct Deferred {
     /// `[S]` the lists, each on its own cache lines (`List`'s fields carry
     /// their tags).
     lists: Box<[CachePadded<List>]>,
-    /// `[a]` frames taken off a list and not yet put on the global list or
-    /// a page cache: an allocation that finds nothing anywhere waits for
-    /// them before it reports `ENOMEM` (their mover may be preempted).
-    transit: AtomicU64,
-    /// `[a]` placements of frames in transit so far (and drops done).
-    placements: AtomicU64,
-    /// `[a]` values taken off a `drops` list and not yet dropped: their
-    /// frames are on no list yet (see `transit`).
-    dropping: AtomicU64,
     /// `[a]` batches queued so far: the grace-period thread runs one more
     /// grace period whenever it has not served them all.
     requests: AtomicU64,
@@ -120,9 +126,6 @@ impl Deferred {
     pub(crate) fn new(slots: usize) -> Deferred {
         Deferred {
             lists: (0..=slots).map(|_| CachePadded(List::default())).collect(),
-            transit: AtomicU64::new(0),
-            placements: AtomicU64::new(0),
-            dropping: AtomicU64::new(0),
             requests: AtomicU64::new(0),
             thread: std::sync::OnceLock::new(),
         }
@@ -234,9 +237,9 @@ impl Deferred {
             let k = aged.len() as u64;
             // Being dropped before they leave the queue's count (as frames
             // go in transit): none is ever counted nowhere.
-            self.dropping.fetch_add(k, Ordering::AcqRel);
+            l.dropping.fetch_add(k, Ordering::AcqRel);
             l.late.store(q.len() as u64, Ordering::Relaxed);
-            (aged, InTransit { d: self, count: &self.dropping, n: k })
+            (aged, InTransit { placements: &l.placements, count: &l.dropping, n: k })
         };
         let n = aged.len() as u64;
         // Outside the lock (a drop frees frames onto these lists), and
@@ -260,7 +263,7 @@ impl Deferred {
     /// Values being dropped (taken off their queue): an allocation that
     /// finds nothing waits for them as for frames in transit.
     pub(crate) fn dropping(&self) -> u64 {
-        self.dropping.load(Ordering::Acquire)
+        self.lists.iter().map(|l| l.dropping.load(Ordering::Acquire)).sum()
     }
 
     /// Wake the grace-period thread.
@@ -283,7 +286,7 @@ impl Deferred {
     pub(crate) fn take_aged(&self, i: usize, rcu: &Rcu, out: &mut Vec<Pfn>) -> InTransit<'_> {
         let l = &self.lists[i];
         if l.frames.load(Ordering::Relaxed) == 0 {
-            return InTransit { d: self, count: &self.transit, n: 0 };
+            return InTransit { placements: &l.placements, count: &l.transit, n: 0 };
         }
         let mut b = crate::sync::rank::lock(&l.batches, crate::sync::rank::Rank::Leaf);
         // Move the polled grace period on (never waits; a try-lock under
@@ -302,31 +305,27 @@ impl Deferred {
         if n > 0 {
             // In transit before they leave the list's count: no moment
             // where a whole-machine look sees them nowhere.
-            self.transit.fetch_add(n, Ordering::AcqRel);
+            l.transit.fetch_add(n, Ordering::AcqRel);
             l.frames.store(l.frames.load(Ordering::Relaxed) - n, Ordering::Relaxed);
         }
-        InTransit { d: self, count: &self.transit, n }
+        InTransit { placements: &l.placements, count: &l.transit, n }
     }
 
-    /// Placements of frames in transit so far: an allocation that found
-    /// nothing looks again if this moved while it looked.
+    /// Placements of frames in transit so far, over all lists (each
+    /// list's count only grows): an allocation that found nothing looks
+    /// again if this moved while it looked.
     pub(crate) fn placements(&self) -> u64 {
-        self.placements.load(Ordering::Acquire)
+        self.lists.iter().map(|l| l.placements.load(Ordering::Acquire)).sum()
     }
 
     /// Frames taken off the lists and not yet placed (a snapshot).
     pub(crate) fn in_transit(&self) -> u64 {
-        self.transit.load(Ordering::Acquire)
+        self.lists.iter().map(|l| l.transit.load(Ordering::Acquire)).sum()
     }
 
-    /// Every list's aged frames, to `out` (in transit until the guard goes).
-    pub(crate) fn take_all_aged(&self, rcu: &Rcu, out: &mut Vec<Pfn>) -> InTransit<'_> {
-        let mut all = InTransit { d: self, count: &self.transit, n: 0 };
-        for i in 0..self.lists.len() {
-            let mut t = self.take_aged(i, rcu, out);
-            all.n += std::mem::take(&mut t.n);
-        }
-        all
+    /// Every list's aged frames, to `out` (in transit until the guards go).
+    pub(crate) fn take_all_aged(&self, rcu: &Rcu, out: &mut Vec<Pfn>) -> Vec<InTransit<'_>> {
+        (0..self.lists.len()).map(|i| self.take_aged(i, rcu, out)).filter(|t| t.n > 0).collect()
     }
 
     /// Frames waiting in every list (a snapshot).
@@ -346,8 +345,9 @@ impl Deferred {
 /// first, so an allocation that sees the count fall sees the placement.
 #[must_use = "frames stay in transit until the guard is dropped"]
 pub(crate) struct InTransit<'a> {
-    d: &'a Deferred,
-    /// `transit` or `dropping`.
+    /// The list's `placements`.
+    placements: &'a AtomicU64,
+    /// The list's `transit` or `dropping`.
     count: &'a AtomicU64,
     n: u64,
 }
@@ -355,7 +355,7 @@ pub(crate) struct InTransit<'a> {
 impl Drop for InTransit<'_> {
     fn drop(&mut self) {
         if self.n > 0 {
-            self.d.placements.fetch_add(1, Ordering::AcqRel);
+            self.placements.fetch_add(1, Ordering::AcqRel);
             self.count.fetch_sub(self.n, Ordering::AcqRel);
         }
     }

@@ -263,7 +263,7 @@ impl PhysMem {
             d.drop_aged(rcu, false);
             d.take_all_aged(rcu, &mut frames)
         } else {
-            d.take_aged(d.unowned(), rcu, &mut frames)
+            vec![d.take_aged(d.unowned(), rcu, &mut frames)]
         };
         self.give_aged(&frames);
         drop(moving);
