@@ -52,9 +52,9 @@
 //! Each list has its own mutex, taken by its owner (uncontended) and by
 //! the rare whole-machine flush. So are the counts of what is in transit
 //! between a list and a cache. The only line all vCPUs write here is the
-//! request counter the thread watches (when a list reaches
-//! `WAKE_FRAMES`), besides the grace-period state of `sync::rcu` that
-//! their polls write.
+//! request counter the thread watches (when a list reaches `WAKE_FRAMES`
+//! frames or `WAKE_DROPS` values), besides the grace-period state of
+//! `sync::rcu` that their polls write.
 
 use std::sync::Mutex;
 
@@ -350,6 +350,13 @@ pub(crate) struct InTransit<'a> {
     /// The list's `transit` or `dropping`.
     count: &'a AtomicU64,
     n: u64,
+}
+
+impl InTransit<'_> {
+    /// Whether it holds nothing (nothing was taken).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.n == 0
+    }
 }
 
 impl Drop for InTransit<'_> {

@@ -263,7 +263,12 @@ impl PhysMem {
             d.drop_aged(rcu, false);
             d.take_all_aged(rcu, &mut frames)
         } else {
-            vec![d.take_aged(d.unowned(), rcu, &mut frames)]
+            // (The grace-period thread's every tick: no allocation.)
+            let moving = d.take_aged(d.unowned(), rcu, &mut frames);
+            if moving.is_empty() {
+                return 0;
+            }
+            vec![moving]
         };
         self.give_aged(&frames);
         drop(moving);
@@ -271,26 +276,30 @@ impl PhysMem {
     }
 
     /// The grace-period thread's tick for the vCPUs' own lists: a list
-    /// that holds something, has not changed since the last tick and whose
-    /// owner has run no read-side section since (`last`: what the list
-    /// held and the owner's `Rcu::activity`, kept by the caller), its
-    /// owner idle or gone, gives its aged frames to the global list and
-    /// drops its aged values here. A list whose owner is busy elsewhere
-    /// (computing between frees, as ebizzy's threads do) stays: its owner
-    /// takes it back into its own cache at its next miss or free, where
-    /// flushing it would cost a refill from the global list and a return.
+    /// that holds something and has not changed since the last tick
+    /// (`last`: what the list held and the owner's `Rcu::activity`, kept
+    /// by the caller) has its aged values dropped here (its owner drops
+    /// them only at its next change, which may not come: a vCPU that only
+    /// faults); if its owner has also run no read-side section since, the
+    /// owner idle or gone, its aged frames go to the global list. The
+    /// frames of a list whose owner is busy elsewhere (computing between
+    /// frees, as ebizzy's threads do) stay: the owner takes them back into
+    /// its own cache at its next miss or free, where flushing them would
+    /// cost a refill from the global list and a return.
     pub(crate) fn flush_idle_deferred(&self, rcu: &Rcu, last: &mut [IdleMark]) {
         let Some(d) = &self.deferred else { return };
         let now = |i: usize| IdleMark { held: d.held_by(i), activity: rcu.activity(i) };
-        let idle: Vec<usize> = (0..d.unowned()).filter(|&i| d.held_by(i) != (0, 0) && now(i) == last[i]).collect();
+        let unchanged: Vec<usize> =
+            (0..d.unowned()).filter(|&i| d.held_by(i) != (0, 0) && d.held_by(i) == last[i].held).collect();
         // The values first (a drop may take a while: a file's write-back),
         // so that no frame stays in transit across them (an allocation
         // that finds nothing waits for frames in transit).
-        for &i in &idle {
+        for &i in &unchanged {
             d.drop_aged_of(i, rcu, false);
         }
+        let idle = unchanged.iter().copied().filter(|&i| rcu.activity(i) == last[i].activity);
         let mut frames = Vec::new();
-        let moving: Vec<_> = idle.iter().map(|&i| d.take_aged(i, rcu, &mut frames)).collect();
+        let moving: Vec<_> = idle.map(|i| d.take_aged(i, rcu, &mut frames)).collect();
         self.give_aged(&frames);
         drop(moving);
         for (i, seen) in last.iter_mut().enumerate().take(d.unowned()) {
@@ -839,24 +848,37 @@ mod tests {
     }
 
     #[test]
-    fn a_busy_vcpus_deferred_frames_stay_on_its_list() {
+    fn a_busy_vcpus_deferred_frames_stay_on_its_list_and_its_values_go() {
         let (rcu, readers) = Rcu::new(2);
         let mut phys = PhysMem::new(32, false, &rcu, NO_PCP, false, false).unwrap();
         phys.set_deferred(2);
         let frames = Frames::global(&phys);
         let pfns: Vec<Pfn> = (0..3).map(|_| phys.publish(frames.alloc().unwrap(), Kind::Data)).collect();
+        // A value to drop too (a retired snapshot, in production).
+        struct Counted(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+        impl Drop for Counted {
+            fn drop(&mut self) {
+                self.0.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let dropped = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let d = phys.deferred.as_ref().unwrap();
         let inside = rcu.read_lock(&readers[1]);
-        phys.deferred.as_ref().unwrap().push(0, rcu.cookie(), pfns);
+        d.push(0, rcu.cookie(), pfns);
+        d.push_drops(0, vec![rcu.retire(Box::new(Counted(dropped.clone())) as Box<dyn std::any::Any + Send>)]);
         drop(inside);
+        rcu.synchronize();
         let mut last = vec![IdleMark::default(); 3];
         phys.flush_idle_deferred(&rcu, &mut last);
         // Aged now, but vCPU 0 runs sections between the ticks (computing
-        // between its frees): it takes its own frames back.
+        // between its frees): it takes its own frames back. Its values
+        // are dropped all the same (it drops them only at its next change).
         for _ in 0..3 {
             drop(rcu.read_lock(&readers[0]));
             phys.flush_idle_deferred(&rcu, &mut last);
             assert_eq!(phys.deferred_frames(), 3, "the owner is busy: its list stays");
         }
+        assert_eq!(dropped.load(Ordering::Relaxed), 1, "an unchanged list's aged values are dropped");
         phys.flush_idle_deferred(&rcu, &mut last);
         assert_eq!(phys.deferred_frames(), 0, "a tick without its sections: idle, and freed");
     }

@@ -519,8 +519,9 @@ impl Rcu {
     }
 
     /// Sections reader `i` has entered and left so far, times two (a
-    /// snapshot; it moves whenever the reader runs a section, so an
-    /// unmoved count over an interval means an idle reader).
+    /// snapshot; it moves whenever the reader enters or leaves a section,
+    /// so a count unmoved over an interval means a reader that ran no
+    /// section in it: idle, or stuck inside one).
     pub fn activity(&self, i: usize) -> u64 {
         self.slots[i].count.load(Ordering::Relaxed)
     }
