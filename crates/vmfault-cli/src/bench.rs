@@ -41,6 +41,12 @@ fn plan(a: &BenchArgs) -> Result<Plan, String> {
     if a.rounds == 0 {
         return Err("--rounds must be at least 1".into());
     }
+    // Refused before the run, not after it.
+    if let Some(p) = &a.plot
+        && !matches!(p.extension().and_then(|e| e.to_str()), Some("png" | "svg"))
+    {
+        return Err(format!("--plot {}: plots are written as .png or .svg", p.display()));
+    }
     let mut base = VmConfig::default();
     let user_settings = apply_sets(&mut base, &a.vm.set)?.into_iter().collect();
     let compare = match &a.compare {
@@ -236,6 +242,7 @@ mod tests {
             ("vmfault bench --compare zero_page=true", "at least two"),
             ("vmfault bench --compare cpus=1,lots", "cpus=lots"),
             ("vmfault bench --rounds 0", "--rounds"),
+            ("vmfault bench --plot out.jpg", ".png or .svg"),
         ] {
             let e = plan(&args(line)).unwrap_err();
             assert!(e.contains(needle), "{line}: {e}");

@@ -49,18 +49,44 @@ enum Command {
     Compare(compare::CompareArgs),
 }
 
+/// `--help` for `--set`: every knob and the values it takes.
+fn knobs_help() -> String {
+    let d: std::collections::BTreeMap<_, _> = vmfault::VmConfig::default().knobs().into_iter().collect();
+    let lines: Vec<String> = vmfault::VmConfig::knob_values()
+        .into_iter()
+        .map(|(k, v)| match d.get(k) {
+            Some(now) => format!("  {k}: {v} (default {now})"),
+            None => format!("  {k}: {v} (sets several knobs at once)"),
+        })
+        .collect();
+    format!("Set a VmConfig knob (repeatable), e.g. `--set zero_page=false`. Knobs:\n{}", lines.join("\n"))
+}
+
+/// `--help` for the workloads: every one, the default suite marked.
+fn workloads_help() -> String {
+    let lines: Vec<String> = vmfault_bench::Workload::ALL
+        .iter()
+        .filter(|w| **w != vmfault_bench::Workload::ZeroFill)
+        .map(|w| {
+            let default = if vmfault_bench::Workload::DEFAULT_SUITE.contains(w) { " (default suite)" } else { "" };
+            format!("  {}{default}", w.name())
+        })
+        .collect();
+    format!("Workloads to run (none: the default suite; `all`: every one):\n{}", lines.join("\n"))
+}
+
 /// Options shared by every subcommand that builds a `Vm`.
 #[derive(Args, Debug, Clone)]
 struct VmArgs {
     /// Set a VmConfig knob (repeatable), e.g. `--set zero_page=false`.
-    #[arg(long = "set", value_name = "KEY=VALUE")]
+    #[arg(long = "set", value_name = "KEY=VALUE", long_help = knobs_help())]
     set: Vec<String>,
 }
 
 #[derive(Args, Debug)]
 struct BenchArgs {
     /// Workloads to run (default: page_fault1 pft ebizzy malloc1 mmap1 brk1; `all` for every one).
-    #[arg(value_name = "WORKLOAD")]
+    #[arg(value_name = "WORKLOAD", long_help = workloads_help())]
     workloads: Vec<String>,
     /// Thread (vCPU) counts, comma-separated (default: 1, 2 and twice the host's CPUs).
     #[arg(long, value_delimiter = ',')]

@@ -568,6 +568,28 @@ impl VmConfig {
         ]
     }
 
+    /// Every knob that [`VmConfig::set`] takes (the shorthand `lifecycle`
+    /// too) with the values it accepts, in words: each parser's own
+    /// description, so the list cannot drift from what `set` does.
+    ///
+    /// ```
+    /// let help = vmfault::VmConfig::knob_values();
+    /// assert!(help.iter().any(|(k, v)| *k == "fault_path" && v.contains("spf")));
+    /// ```
+    pub fn knob_values() -> Vec<(&'static str, String)> {
+        let names = VmConfig::default().knobs().into_iter().map(|(k, _)| k).chain(["lifecycle"]);
+        names
+            .map(|k| {
+                // A value no parser takes: the error says what they take.
+                let said = match VmConfig::default().set_inner(k, "\u{1}") {
+                    Err(e) => e.strip_prefix("expected ").unwrap_or(e).to_string(),
+                    Ok(()) => "a path, or none".to_string(),
+                };
+                (k, said)
+            })
+            .collect()
+    }
+
     /// The knobs whose values differ from [`VmConfig::default`].
     pub fn non_default_knobs(&self) -> Vec<(&'static str, String)> {
         let base = VmConfig::default().knobs();
@@ -662,7 +684,8 @@ fn parse_size(v: &str) -> std::result::Result<u64, &'static str> {
         Some('g' | 'G') => (&v[..v.len() - 1], 30),
         _ => (v, 0),
     };
-    parse_num(digits)?.checked_mul(1 << shift).ok_or("size overflows 64 bits")
+    let n = parse_num(digits).map_err(|_| "expected a size in bytes, optionally with a K, M or G suffix")?;
+    n.checked_mul(1 << shift).ok_or("size overflows 64 bits")
 }
 
 fn parse_bool(v: &str) -> std::result::Result<bool, &'static str> {
@@ -720,6 +743,26 @@ mod tests {
         assert!(c.non_default_knobs().is_empty());
         let e = c.set("lifecycle", "fast").unwrap_err();
         assert_eq!(e.to_string(), "VmConfig::set(lifecycle=\"fast\"): expected baseline, sync, default or deferred");
+    }
+
+    #[test]
+    fn knob_values_name_every_knob_and_each_named_value_is_taken() {
+        let help = VmConfig::knob_values();
+        let names: Vec<&str> = help.iter().map(|(k, _)| *k).collect();
+        for (k, _) in VmConfig::default().knobs() {
+            assert!(names.contains(&k), "{k} missing from knob_values");
+        }
+        for (k, said) in &help {
+            assert!(!said.is_empty(), "{k}: no description");
+            // An enumeration ("a, b or c"): each value named is taken.
+            let words: Vec<&str> = said.split([',', ' ']).filter(|w| !w.is_empty() && *w != "or").collect();
+            let listed =
+                said.contains(" or ") && words.iter().all(|w| w.chars().all(|c| c.is_ascii_lowercase() || c == '_'));
+            for v in words.iter().filter(|_| listed) {
+                VmConfig::default().set(k, v).unwrap_or_else(|e| panic!("{k}={v}, which knob_values names: {e}"));
+            }
+        }
+        assert!(help.iter().any(|(k, v)| *k == "fault_path" && v == "maplock, spf or vmalock"), "{help:?}");
     }
 
     #[test]
