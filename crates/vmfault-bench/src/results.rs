@@ -313,10 +313,10 @@ pub const ABORT_COUNTERS: [&str; 7] = [
 impl Row {
     /// The sum of `keys` per fault; `None` when the row has no counters.
     pub fn per_fault_sum(&self, keys: &[&str]) -> Option<f64> {
-        if self.per_fault.is_empty() {
-            return None;
-        }
-        Some(keys.iter().filter_map(|k| self.per_fault.get(*k)).sum())
+        // None where no key was counted (the host's rows): not a sum of
+        // nothing, which a float sum makes -0.
+        let present: Vec<f64> = keys.iter().filter_map(|k| self.per_fault.get(*k).copied()).collect();
+        (!present.is_empty()).then(|| present.iter().sum())
     }
 }
 

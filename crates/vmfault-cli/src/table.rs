@@ -286,18 +286,43 @@ shared64, per cycle of 64 spaces (medians over rounds; bytes and entries at the 
     )
 }
 
-/// Left-aligned columns separated by two spaces.
+/// Whether a cell holds a figure (`1.37M`, `96%`, `-`, `[0.95, 1.20]`,
+/// `1.19M..1.34M`): its column is right-aligned if all its cells below
+/// the header do.
+fn is_figure(cell: &str) -> bool {
+    let mut c = cell.chars();
+    match (c.next(), c.next()) {
+        (Some(d), _) if d.is_ascii_digit() => true,
+        (Some('-'), None) => true,
+        (Some('-' | '+' | '['), Some(d)) => d.is_ascii_digit() || d == '-',
+        _ => false,
+    }
+}
+
+/// Columns separated by two spaces: figures right-aligned, words left;
+/// the first line is the header. Lines shorter than the widest are
+/// printed as they are (notes).
 fn columns(lines: &[Vec<String>]) -> String {
     let n = lines.iter().map(Vec::len).max().unwrap_or(0);
-    let widths: Vec<usize> = (0..n)
+    let full = || lines.iter().filter(|l| l.len() == n);
+    let widths: Vec<usize> =
+        (0..n).map(|i| full().filter_map(|l| l.get(i)).map(|s| s.chars().count()).max().unwrap_or(0)).collect();
+    let right: Vec<bool> = (0..n)
         .map(|i| {
-            lines.iter().filter(|l| l.len() == n).filter_map(|l| l.get(i)).map(|s| s.chars().count()).max().unwrap_or(0)
+            let mut body = full().skip(1).filter_map(|l| l.get(i)).peekable();
+            body.peek().is_some() && body.all(|c| is_figure(c))
         })
         .collect();
     let mut out = String::new();
     for l in lines {
-        let cells: Vec<String> =
-            if l.len() == n { l.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect() } else { l.clone() };
+        let cells: Vec<String> = if l.len() == n {
+            l.iter()
+                .zip(widths.iter().zip(&right))
+                .map(|(c, (w, &r))| if r { format!("{c:>w$}") } else { format!("{c:<w$}") })
+                .collect()
+        } else {
+            l.clone()
+        };
         let _ = writeln!(out, "{}", cells.join("  ").trim_end());
     }
     out
@@ -327,5 +352,17 @@ mod tests {
     fn columns_align() {
         let t = columns(&[vec!["a".into(), "bb".into()], vec!["ccc".into(), "d".into()]]);
         assert_eq!(t, "a    bb\nccc  d\n");
+        let cells = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let t = columns(&[
+            cells(&["workload", "thr", "ops/s", "ratio"]),
+            cells(&["page_fault1", "1", "1.65M", "[0.95, 1.20]"]),
+            cells(&["pft", "16", "10.5M", "-"]),
+        ]);
+        assert_eq!(
+            t,
+            "workload     thr  ops/s         ratio\n\
+             page_fault1    1  1.65M  [0.95, 1.20]\n\
+             pft           16  10.5M             -\n"
+        );
     }
 }
