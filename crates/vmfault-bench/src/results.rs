@@ -336,6 +336,7 @@ impl Results {
             "system",
             "settings",
             "threads",
+            "footprint_bytes",
             "ops_per_sec",
             "ops_per_sec_min",
             "ops_per_sec_max",
@@ -358,6 +359,7 @@ impl Results {
                 r.system.clone(),
                 settings.join(";"),
                 r.threads.to_string(),
+                r.footprint_bytes.map_or(String::new(), |f| f.to_string()),
                 format!("{:.1}", r.ops_per_sec),
                 format!("{:.1}", r.ops_per_sec_spread.min),
                 format!("{:.1}", r.ops_per_sec_spread.max),
@@ -415,5 +417,29 @@ mod tests {
         assert_eq!(rows[1].zero_fill_fraction, Some(0.5));
         assert_eq!(rows[1].host_ratio.unwrap().median, 2.0);
         assert!(rows[0].host_ratio.is_none());
+    }
+
+    #[test]
+    fn csv_rows_are_told_apart_by_their_footprint() {
+        let s = BTreeMap::new();
+        let zf = |f| Row { footprint_bytes: Some(f), ..row(Workload::ZeroFill, "host", &s, 1, vec![rr(9, 1.0)], None) };
+        let results = Results {
+            run: RunInfo::default(),
+            machine: Machine { cpu_model: String::new(), cores: 1, kernel: String::new(), date: String::new() },
+            config: BTreeMap::new(),
+            plan: BTreeMap::new(),
+            zero_fill_pages_per_sec: None,
+            rows: vec![zf(1 << 20), zf(128 << 20)],
+            comparisons: Vec::new(),
+        };
+        let path = std::env::temp_dir().join(format!("vmfault-csv-{}.csv", std::process::id()));
+        results.write_csv(&path).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].contains("footprint_bytes"), "{}", lines[0]);
+        assert_eq!(lines.len(), 3);
+        assert_ne!(lines[1], lines[2], "two rows the same");
+        assert!(lines[2].contains(&(128u64 << 20).to_string()));
     }
 }
