@@ -184,6 +184,29 @@ stats! {
     }
 }
 
+/// The page daemon's statistics (`reclaim`), in the machine; each `[a]`,
+/// written by the daemon (and by a file's write-back on its behalf), read
+/// by `Vm::stats`.
+#[derive(Debug, Default)]
+pub(crate) struct DaemonStats {
+    /// `[a]` wakeups the daemon handled.
+    pub(crate) wakeups: AtomicU64,
+    /// `[a]` frames the daemon drained from per-CPU caches.
+    pub(crate) drained: AtomicU64,
+    /// `[a]` passes over the spaces' anonymous pages.
+    pub(crate) scans: AtomicU64,
+    /// `[a]` pages written to swap and freed.
+    pub(crate) pageouts: AtomicU64,
+    /// `[a]` pageouts abandoned once the page was taken.
+    pub(crate) failures: AtomicU64,
+    /// `[a]` failed writes to the swap file.
+    pub(crate) write_errors: AtomicU64,
+    /// `[a]` file pages the daemon freed (written back first if dirty).
+    pub(crate) file_pageouts: AtomicU64,
+    /// `[a]` of those, dirty ones it wrote back.
+    pub(crate) file_writebacks: AtomicU64,
+}
+
 /// The counters of one vCPU slot (`[o]`: written by the slot's owner only).
 #[derive(Debug)]
 pub(crate) struct CounterSet {

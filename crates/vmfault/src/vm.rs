@@ -40,6 +40,8 @@ pub(crate) struct Machine {
     pub(crate) config: VmConfig,
     /// `[S]` physical memory (fields carry their own tags).
     pub(crate) phys: PhysMem,
+    /// `[S]` the page daemon's statistics (fields carry their tags).
+    pub(crate) daemon: crate::stats::DaemonStats,
     /// `[I]` the RCU; reader `i` belongs to vCPU slot `i`.
     pub(crate) rcu: Rcu,
     /// `[S]` the vCPU slots.
@@ -326,6 +328,7 @@ impl Vm {
         let m = Arc::new(Machine {
             config,
             phys,
+            daemon: Default::default(),
             rcu,
             cpus,
             files: Default::default(),
@@ -449,14 +452,14 @@ impl Vm {
             pcp_pages_drained: drained,
             global_lock_acquisitions: phys.lock_acquisitions(),
             global_frames_moved: phys.global_frames_moved(),
-            daemon_wakeups: phys.doorbell.wakeups.load(std::sync::atomic::Ordering::Relaxed),
-            daemon_pages_drained: phys.doorbell.drained.load(std::sync::atomic::Ordering::Relaxed),
-            reclaim_scans: phys.doorbell.scans.load(std::sync::atomic::Ordering::Relaxed),
-            pageouts: phys.doorbell.pageouts.load(std::sync::atomic::Ordering::Relaxed),
-            pageout_failures: phys.doorbell.failures.load(std::sync::atomic::Ordering::Relaxed),
-            swap_write_errors: phys.doorbell.write_errors.load(std::sync::atomic::Ordering::Relaxed),
-            file_pageouts: phys.doorbell.file_pageouts.load(std::sync::atomic::Ordering::Relaxed),
-            daemon_file_writebacks: phys.doorbell.file_writebacks.load(std::sync::atomic::Ordering::Relaxed),
+            daemon_wakeups: self.m.daemon.wakeups.load(std::sync::atomic::Ordering::Relaxed),
+            daemon_pages_drained: self.m.daemon.drained.load(std::sync::atomic::Ordering::Relaxed),
+            reclaim_scans: self.m.daemon.scans.load(std::sync::atomic::Ordering::Relaxed),
+            pageouts: self.m.daemon.pageouts.load(std::sync::atomic::Ordering::Relaxed),
+            pageout_failures: self.m.daemon.failures.load(std::sync::atomic::Ordering::Relaxed),
+            swap_write_errors: self.m.daemon.write_errors.load(std::sync::atomic::Ordering::Relaxed),
+            file_pageouts: self.m.daemon.file_pageouts.load(std::sync::atomic::Ordering::Relaxed),
+            daemon_file_writebacks: self.m.daemon.file_writebacks.load(std::sync::atomic::Ordering::Relaxed),
             swap_used_pages: self.m.swap.as_ref().map_or(0, |s| s.used()),
             swap_total_pages: self.m.swap.as_ref().map_or(0, |s| s.slots()),
             swap_bad_slots: self.m.swap.as_ref().map_or(0, |s| s.bad_slots()),

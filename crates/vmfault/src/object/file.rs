@@ -497,7 +497,7 @@ impl Object {
                 self.end_writeback(&[(pindex, pfn)]);
                 return SwapOut::Lost;
             }
-            self.m.phys.doorbell.file_writebacks.fetch_add(1, Relaxed);
+            self.m.daemon.file_writebacks.fetch_add(1, Relaxed);
             e = taken;
         }
         // Isolated: no fault can dirty it again, so the entry is still `e`

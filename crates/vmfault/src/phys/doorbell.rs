@@ -20,8 +20,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-/// The page daemon's doorbell and its counters, kept in `PhysMem` (the
-/// allocator rings it; the daemon is `reclaim`'s). Counters are `[a]`, written by the daemon only.
+/// The page daemon's doorbell, kept in `PhysMem` (the allocator rings it;
+/// the daemon is `reclaim`'s, and its statistics are
+/// `stats::DaemonStats`).
 #[derive(Debug, Default)]
 pub(crate) struct Doorbell {
     /// `[a]` a wakeup is pending (set by allocators, cleared by the daemon).
@@ -43,22 +44,6 @@ pub(crate) struct Doorbell {
     passes: AtomicU64,
     /// `[a]` the number of the last pass that freed nothing (0: none).
     fruitless: AtomicU64,
-    /// `[a]` wakeups the daemon handled.
-    pub(crate) wakeups: AtomicU64,
-    /// `[a]` frames the daemon drained from per-CPU caches.
-    pub(crate) drained: AtomicU64,
-    /// `[a]` passes over the spaces' anonymous pages.
-    pub(crate) scans: AtomicU64,
-    /// `[a]` pages written to swap and freed.
-    pub(crate) pageouts: AtomicU64,
-    /// `[a]` pageouts abandoned once the page was taken.
-    pub(crate) failures: AtomicU64,
-    /// `[a]` failed writes to the swap file.
-    pub(crate) write_errors: AtomicU64,
-    /// `[a]` file pages the daemon freed (written back first if dirty).
-    pub(crate) file_pageouts: AtomicU64,
-    /// `[a]` of those, dirty ones it wrote back.
-    pub(crate) file_writebacks: AtomicU64,
 }
 
 impl Doorbell {

@@ -80,7 +80,7 @@ pub(crate) fn spawn_daemon(m: &Arc<Machine>, reader: RcuReader) -> Result<std::t
                 }
                 let Some(m) = weak.upgrade() else { return };
                 if rung {
-                    doorbell.wakeups.fetch_add(1, Ordering::Relaxed);
+                    m.daemon.wakeups.fetch_add(1, Ordering::Relaxed);
                     run_once(&m, &reader, &mut |grave: &mut Grave| {
                         if let Some(r) = &reaper
                             && !grave.is_empty()
@@ -107,7 +107,7 @@ fn run_once(m: &Machine, reader: &RcuReader, bury: &mut dyn FnMut(&mut Grave)) {
     let short = m.phys.global_free_frames() < (target + target / 2).max(1);
     if m.phys.global_free_frames() < target {
         let n = m.phys.drain_pcpu(&m.rcu) as u64;
-        bell.drained.fetch_add(n, Ordering::Relaxed);
+        m.daemon.drained.fetch_add(n, Ordering::Relaxed);
         freed += n;
     }
     if let Some(swap) = &m.swap {
@@ -125,7 +125,7 @@ fn run_once(m: &Machine, reader: &RcuReader, bury: &mut dyn FnMut(&mut Grave)) {
         // raises its reclaim priority until it takes referenced pages too).
         let (mut stuck, mut empty, mut force) = (0, 0, false);
         while m.phys.global_free_frames() < high && empty < 2 {
-            bell.scans.fetch_add(1, Ordering::Relaxed);
+            m.daemon.scans.fetch_add(1, Ordering::Relaxed);
             let want = (high - m.phys.global_free_frames()).min(64);
             let r = pageout::run(m, swap, reader, want, force, &mut grave);
             bury(&mut grave);

@@ -149,7 +149,7 @@ pub(super) fn run(
     if taken > 0 {
         m.rcu.grace_period();
     }
-    let bell = &m.phys.doorbell;
+    let stats = &m.daemon;
     let mut freed = Vec::new();
     let mut buf = vec![0u8; PAGE_SIZE as usize];
     let mut out = 0;
@@ -168,7 +168,7 @@ pub(super) fn run(
         m.phys.read_bytes(pfn, 0, &mut buf);
         if let Err(e) = swap.write(slot, &buf) {
             tracing::warn!(target: "vmfault::reclaim", error = %e, slot, "swap write failed: the page stays resident");
-            bell.write_errors.fetch_add(1, Ordering::Relaxed);
+            stats.write_errors.fetch_add(1, Ordering::Relaxed);
             swap.retire_bad(slot);
             give_up(m, pfn, &mut freed, &mut back);
             grave.push(Box::new(o));
@@ -231,8 +231,8 @@ pub(super) fn run(
         give_up(m, pfn, &mut freed, &mut back);
         grave.push(Box::new(o));
     }
-    bell.file_pageouts.fetch_add(file_out, Ordering::Relaxed);
-    bell.pageouts.fetch_add(out, Ordering::Relaxed);
+    stats.file_pageouts.fetch_add(file_out, Ordering::Relaxed);
+    stats.pageouts.fetch_add(out, Ordering::Relaxed);
     let n = freed.len() as u64;
     m.phys.free_after_grace(&m.rcu, &freed);
     q.requeue(pages, &back);
@@ -244,7 +244,7 @@ pub(super) fn run(
 
 /// Undo an isolation (see the module docs).
 fn give_up(m: &Machine, pfn: Pfn, freed: &mut Vec<Pfn>, back: &mut Vec<(Pfn, Queue)>) {
-    m.phys.doorbell.failures.fetch_add(1, Ordering::Relaxed);
+    m.daemon.failures.fetch_add(1, Ordering::Relaxed);
     let refs = &m.phys.page(pfn).refs;
     refs.unblock();
     if refs.unwire() {
