@@ -482,8 +482,10 @@ fn map_flags(place: Place) -> impl Strategy<Value = u32> {
         1 => Just((libc::MAP_DENYWRITE | libc::MAP_EXECUTABLE) as u32),
         1 => Just(0x0080_0000u32),
     ];
-    (ty, prop::bool::weighted(0.12), prop::bool::weighted(0.12), ignored)
-        .prop_map(move |(t, n, o, i)| t | a | if n { nr } else { 0 } | if o { pop } else { 0 } | i)
+    // MAP_LOCKED: mmap and mlock in one.
+    let locked = prop_oneof![15 => Just(0u32), 1 => Just(libc::MAP_LOCKED as u32)];
+    (ty, prop::bool::weighted(0.12), prop::bool::weighted(0.12), ignored, locked)
+        .prop_map(move |(t, n, o, i, l)| t | a | if n { nr } else { 0 } | if o { pop } else { 0 } | i | l)
 }
 
 fn advice() -> impl Strategy<Value = i32> {

@@ -51,8 +51,8 @@ bitflags! {
     /// required (both: `MAP_SHARED_VALIDATE`, for a file). Bits Linux does
     /// not define are ignored, as Linux ignores them (refused with
     /// `MAP_SHARED_VALIDATE`: `EOPNOTSUPP`); flags Linux defines that
-    /// vmfault does not model (`MAP_32BIT`, `MAP_GROWSDOWN`, `MAP_LOCKED`,
-    /// `MAP_HUGETLB`, `MAP_SYNC`, the `MAP_DROPPABLE` type) are `EINVAL`.
+    /// vmfault does not model (`MAP_32BIT`, `MAP_GROWSDOWN`, `MAP_HUGETLB`,
+    /// `MAP_SYNC`, the `MAP_DROPPABLE` type) are `EINVAL`.
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
     pub struct MapFlags: u32 {
         /// `MAP_SHARED`: stores are visible to every mapping of the object.
@@ -74,6 +74,9 @@ bitflags! {
         /// (`VM_NOHUGEPAGE`), which also keeps it from merging with
         /// mappings made without it: so here.
         const STACK = libc::MAP_STACK as u32;
+        /// `MAP_LOCKED`: the mapping is `mlock`ed from the start (`VM_LOCKED`),
+        /// its pages faulted in and wired, as Linux does.
+        const LOCKED = libc::MAP_LOCKED as u32;
         /// `MAP_NONBLOCK`: with `POPULATE`, do not fault the pages in (as Linux).
         const NONBLOCK = libc::MAP_NONBLOCK as u32;
         /// `MAP_DENYWRITE`: ignored, as Linux ignores it.

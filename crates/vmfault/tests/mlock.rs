@@ -27,6 +27,36 @@ fn vm(path: vmfault::FaultPath, refcount: Refcount) -> Vm {
     .unwrap()
 }
 
+/// `MAP_LOCKED` is `mmap` and `mlock` in one: the mapping is locked, its
+/// pages faulted in and wired (a private writable one's written-to, a
+/// read-only one's the zero page, which needs no wiring), and it does not
+/// merge with an unlocked neighbour.
+#[test]
+fn map_locked_maps_faults_in_and_wires() {
+    for path in FAULT_PATHS {
+        let vm = vm(path, Refcount::Atomic);
+        let s = vm.new_space().unwrap();
+        let a = s.mmap(0, 8 * P, RW, PA | MapFlags::LOCKED).unwrap();
+        let st = vm.stats();
+        assert_eq!((st.wired_pages, st.zero_fill), (8, 8), "{path:?}: faulted in and wired");
+        assert!(s.mappings().iter().all(|m| m.locked), "{path:?}");
+        // Below it, unlocked: two mappings, not one.
+        s.mmap(a - 8 * P, 8 * P, RW, PA | MapFlags::FIXED).unwrap();
+        assert_eq!(s.mappings().len(), 2, "{path:?}: a locked mapping merged with an unlocked one");
+        let ro = s.mmap(0, 4 * P, Prot::READ, PA | MapFlags::LOCKED).unwrap();
+        assert_eq!(vm.stats().wired_pages, 8, "{path:?}: the zero page is not wired");
+        let mut b = [9u8];
+        s.read(ro, &mut b).unwrap();
+        assert_eq!(b, [0]);
+        // PROT_NONE: locked, nothing faulted in, no error (as Linux).
+        let none = s.mmap(0, 2 * P, Prot::empty(), PA | MapFlags::LOCKED).unwrap();
+        assert!(s.mappings().iter().any(|m| m.start == none && m.locked), "{path:?}");
+        s.munmap(a, 8 * P).unwrap();
+        assert_eq!(vm.stats().wired_pages, 0, "{path:?}: munmap unwired them");
+        s.munmap(a - 8 * P, 8 * P).unwrap();
+    }
+}
+
 #[test]
 fn mlock_wires_each_page_once_and_munlock_unwires() {
     for path in FAULT_PATHS {

@@ -18,7 +18,7 @@ use super::{AddressSpace, Space};
 use crate::error::{Error, Op, Result};
 use crate::object::Object;
 use crate::stats::Counter;
-use crate::types::{MapFlags, MsyncFlags, PAGE_SIZE, Prot, is_page_aligned, page_align_up};
+use crate::types::{MapFlags, MsyncFlags, PAGE_SIZE, Prot, is_page_aligned};
 use crate::vm::{Ctx, Machine};
 
 impl AddressSpace {
@@ -65,9 +65,7 @@ impl AddressSpace {
             ctx.count(Counter::mmap_calls);
             s.mmap(ctx, addr, len, prot, flags, Some((file, offset)))
         })?;
-        if let Some(access) = populate {
-            s.populate(a, page_align_up(len).unwrap_or(0), access);
-        }
+        s.populate_mapped(a, len, flags, populate);
         Ok(a)
     }
 

@@ -34,16 +34,33 @@ impl AddressSpace {
     /// (`EINVAL`); no `ANONYMOUS` (`EBADF`: file mappings take a file);
     /// no room or a range beyond `TASK_SIZE` (`ENOMEM`); a fixed range
     /// below `MMAP_MIN_ADDR` (`EPERM`); `FIXED_NOREPLACE` over a mapping (`EEXIST`).
+    ///
+    /// `LOCKED` is `mmap` then `mlock` of the range, as in Linux: every
+    /// page faulted in and wired (a failure to do so is ignored, and the
+    /// mapping stays locked).
     pub fn mmap(&self, addr: u64, len: u64, prot: Prot, flags: MapFlags) -> Result<u64> {
         let s = &self.s;
         let (a, populate) = s.vm.with_ctx(|ctx| {
             ctx.count(Counter::mmap_calls);
             s.mmap(ctx, addr, len, prot, flags, None)
         })?;
-        if let Some(access) = populate {
-            s.populate(a, page_align_up(len).unwrap_or(0), access);
-        }
+        s.populate_mapped(a, len, flags, populate);
         Ok(a)
+    }
+}
+
+impl Space {
+    /// What `mmap` does once the mapping is in place (Linux's
+    /// `mm_populate`): with `LOCKED`, fault every page in and wire it, as
+    /// `mlock` does; else, for `POPULATE` (`populate`: the access), fault
+    /// them in. Failures are ignored, as in Linux: the mapping stays.
+    pub(super) fn populate_mapped(&self, a: u64, len: u64, flags: MapFlags, populate: Option<Access>) {
+        let len = page_align_up(len).unwrap_or(0);
+        if flags.contains(MapFlags::LOCKED) {
+            let _ = self.vm.with_ctx(|ctx| self.populate_locked_vmas(ctx, a, a + len));
+        } else if let Some(access) = populate {
+            self.populate(a, len, access);
+        }
     }
 }
 
@@ -67,14 +84,14 @@ const LEGACY_MAP_MASK: u32 = (libc::MAP_SHARED
 /// The flags of `flags` that Linux defines and vmfault does not model, if
 /// any: a mapping type other than shared, private or shared-validate (the
 /// type is the low four bits: `MAP_DROPPABLE` is 8), `MAP_32BIT`,
-/// `MAP_GROWSDOWN`, `MAP_LOCKED`, `MAP_HUGETLB` (and its page-size bits,
+/// `MAP_GROWSDOWN`, `MAP_HUGETLB` (and its page-size bits,
 /// which count only with it), `MAP_SYNC`. Bits Linux does not define are
 /// not among them: `mmap` ignores them as Linux does.
 fn unmodelled(flags: MapFlags) -> Option<u32> {
     const TYPE: u32 = 0x0f;
     let bits = flags.bits();
     let odd_type = if bits & TYPE & !0x03 != 0 { bits & TYPE } else { 0 };
-    let known = (libc::MAP_32BIT | libc::MAP_GROWSDOWN | libc::MAP_LOCKED | libc::MAP_HUGETLB | libc::MAP_SYNC) as u32;
+    let known = (libc::MAP_32BIT | libc::MAP_GROWSDOWN | libc::MAP_HUGETLB | libc::MAP_SYNC) as u32;
     let found = odd_type | (bits & known);
     (found != 0).then_some(found)
 }
@@ -212,6 +229,11 @@ impl Space {
         }
         if flags.contains(MapFlags::STACK) {
             vflags |= VmaFlags::NOHUGEPAGE;
+        }
+        // `MAP_LOCKED`: `VM_LOCKED` from the start (its pages are faulted
+        // in and wired once the mapping is in place: `populate_mapped`).
+        if flags.contains(MapFlags::LOCKED) {
+            vflags |= VmaFlags::LOCKED;
         }
         if flags.contains(MapFlags::NORESERVE) {
             vflags |= VmaFlags::NORESERVE;
