@@ -109,7 +109,8 @@
 //! of its own rank where that does not nest, or anything under a leaf,
 //! panics with both): the unattached threads' shared vCPU slot
 //! (outermost), the map lock (zones nest: their address order is kept by
-//! the one function that takes several, `Zones::write`), the file registry, object
+//! the one function that takes several, `Zones::write`), the VMA read lock
+//! (a pin; a writer's wait for the pins counts as taking it), the file registry, object
 //! locks, the per-CPU caches' drain lock, PTE locks, page locks, the
 //! page-queue lock and the free-list lock, and as leaves the
 //! retired-snapshot and deferred-list mutexes, the space and
@@ -117,7 +118,6 @@
 //! object's reverse-map mutex, the pv lists, a file object's recent-files,
 //! writer and write-back mutexes and the daemon's doorbell (their
 //! condition-variable waits keep the rank: `Ranked::wait`).
-//! Not checked yet: the VMA lock word.
 //!
 //! The page daemon (`reclaim`) holds none of these across another: it
 //! takes no map lock, only tries object locks, and takes PTE locks one at

@@ -25,6 +25,11 @@ pub(crate) enum Rank {
     /// `map_lock=zoned`; zones nest in ascending address order only, which
     /// `aspace::zones::Zones::write` is the one place to take).
     Map,
+    /// A VMA's read lock `[V]` (`fault_path=vmalock`): a pin in the
+    /// vCPU's RCU slot (`Rcu::pin`). A writer that waits for the pins
+    /// (`Rcu::wait_unpinned`) takes it as a lock: it must hold nothing a
+    /// pinned fault may need, nor a pin of its own.
+    VmaPin,
     /// The file-object registry (`object::file`: finding or creating the
     /// object of a file, and a file object's end leaving it).
     Files,
@@ -54,6 +59,7 @@ impl Rank {
         match self {
             Rank::Leaf | Rank::Queue | Rank::FreeList => false,
             Rank::PcpDrain => matches!(inner, Rank::FreeList | Rank::Leaf),
+            Rank::VmaPin => inner >= Rank::Pte,
             Rank::Object => inner >= Rank::Object,
             Rank::Map => inner >= Rank::Map,
             _ => inner > self,
@@ -271,6 +277,26 @@ mod tests {
         let g = g.wait_timeout(&cv, std::time::Duration::from_millis(1));
         assert_eq!(*g, 7);
         let _map = RankGuard::enter(Rank::Map);
+    }
+
+    #[test]
+    #[should_panic(expected = "taking a VmaPin lock while holding [Map, Object]")]
+    fn a_writer_waits_for_the_pins_holding_no_object_lock() {
+        let (rcu, _readers) = crate::sync::rcu::Rcu::new(1);
+        let _map = RankGuard::enter(Rank::Map);
+        rcu.wait_unpinned(0, 4096);
+        let _o = RankGuard::enter(Rank::Object);
+        rcu.wait_unpinned(0, 4096);
+    }
+
+    #[test]
+    #[should_panic(expected = "taking a Object lock while holding [VmaPin]")]
+    fn a_pinned_fault_takes_only_pte_locks_and_below() {
+        let (rcu, readers) = crate::sync::rcu::Rcu::new(1);
+        let pin = rcu.pin(&readers[0], 4096);
+        drop(RankGuard::enter(Rank::Pte));
+        let _o = RankGuard::enter(Rank::Object);
+        drop(pin);
     }
 
     #[test]

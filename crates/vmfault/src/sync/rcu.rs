@@ -188,6 +188,9 @@ pub struct RcuReader {
 #[must_use = "the pin and the section end when the guard is dropped"]
 pub struct RcuPin<'a> {
     section: RcuReadGuard<'a>,
+    /// The pin's place in the lock order (`Rank::VmaPin`), released
+    /// after the section.
+    _rank: super::rank::RankGuard,
 }
 
 impl<'a> std::ops::Deref for RcuPin<'a> {
@@ -465,12 +468,13 @@ impl Rcu {
         let generation = reader.pins.get().wrapping_add(1);
         reader.pins.set(generation);
         let word = (addr & !PIN_GEN) | (generation & PIN_GEN);
+        let _rank = super::rank::RankGuard::enter(super::rank::Rank::VmaPin);
         if cfg!(vmfault_mutation = "rcu_pin_late") {
             // Mutation for the loom model: the pin published after the
             // entry fence, so nothing orders it before the section's loads.
             let section = self.read_lock(reader);
             slot.pin.store(word, Ordering::Relaxed);
-            return RcuPin { section };
+            return RcuPin { section, _rank };
         }
         // Release fence: a `wait_unpinned` that reads this new pin, not
         // the `NO_PIN` before it, still synchronizes with everything the
@@ -486,7 +490,7 @@ impl Rcu {
             // `read_lock` fences only the outermost section.
             fence(Ordering::SeqCst);
         }
-        RcuPin { section }
+        RcuPin { section, _rank }
     }
 
     /// Wait until no section pins a page in `start..end` that it pinned
@@ -494,6 +498,9 @@ impl Rcu {
     /// see (a VMA retired), and before changing what they may still use.
     /// Must not be called while the calling thread holds a pin.
     pub fn wait_unpinned(&self, start: u64, end: u64) {
+        // Waiting for the pins is taking them as a lock (debug builds check
+        // the order: `sync::rank`).
+        drop(super::rank::RankGuard::enter(super::rank::Rank::VmaPin));
         if cfg!(vmfault_mutation = "vma_retire_no_wait") {
             // Mutation for the loom model: the writer does not wait.
             return;
