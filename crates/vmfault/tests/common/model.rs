@@ -79,12 +79,13 @@ impl Model {
         }
     }
 
-    fn map(&mut self, first: u64, n: u64, prot: u32, shared: bool) {
+    /// `locked`: `MAP_LOCKED` (as `mlock` of the new pages; bytes never change).
+    fn map(&mut self, first: u64, n: u64, prot: u32, shared: bool, locked: bool) {
         let object = self.next_object;
         self.next_object += 1;
         for i in 0..n {
             let backing = if shared { Backing::Shared { object, pindex: i } } else { Backing::Private(None) };
-            self.pages.insert(first + i, Page { prot, backing, locked: false });
+            self.pages.insert(first + i, Page { prot, backing, locked });
         }
     }
 
@@ -239,6 +240,7 @@ impl Model {
         let ty = flags & (libc::MAP_SHARED | libc::MAP_PRIVATE) as u32;
         let shared = ty == libc::MAP_SHARED as u32;
         let valid_type = shared || ty == libc::MAP_PRIVATE as u32;
+        let locked = flags & libc::MAP_LOCKED as u32 != 0;
         let n = align_up(len) / P;
         match place {
             Place::Fixed | Place::NoReplace => {
@@ -251,11 +253,11 @@ impl Model {
                 if !valid_type {
                     return Outcome::Err(EINVAL);
                 }
-                self.map(off / P, n, prot, shared);
+                self.map(off / P, n, prot, shared, locked);
                 Outcome::Addr(off)
             }
             Place::HintShared if off.is_multiple_of(P) && self.range_free(off / P, n) => {
-                self.map(off / P, n, prot, true);
+                self.map(off / P, n, prot, true, locked);
                 Outcome::Addr(off)
             }
             Place::HintShared | Place::AnywhereShared => Outcome::Elsewhere,
