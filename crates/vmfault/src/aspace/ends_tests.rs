@@ -56,6 +56,19 @@ fn map_write_unmap(space: &crate::AddressSpace) {
 }
 
 #[test]
+fn an_aged_drop_counts_as_under_way_until_its_frames_are_placed() {
+    let vm = vm(FaultPath::Speculative);
+    let _cpu = vm.attach().unwrap();
+    let d = vm.m.phys.deferred.as_ref().unwrap();
+    let seen = vm.with_ctx(|ctx| {
+        let mut seen = 0;
+        super::aged(ctx, || seen = d.dropping());
+        seen
+    });
+    assert_eq!((seen, d.dropping()), (1, 0), "the frames of the drop are counted nowhere meanwhile");
+}
+
+#[test]
 fn objects_that_retired_snapshots_kept_alive_free_into_the_vcpus_cache() {
     // The speculative path: a retired snapshot keeps the object alive,
     // queued for its grace period on this vCPU's list; the next change

@@ -676,8 +676,13 @@ impl Space {
 
 /// Run `drop_them`, which may end objects a grace period after every way
 /// to them was unlinked, and give their frames to this vCPU's cache
-/// (`object::dropping_aged`).
+/// (`object::dropping_aged`). Meanwhile the frames are on no list: with
+/// `free_path=deferred` the drop counts as one under way on this vCPU's
+/// list until they are placed, so an allocation that finds nothing waits
+/// for them rather than report `ENOMEM`.
 fn aged(ctx: &Ctx<'_>, drop_them: impl FnOnce()) {
+    let d = ctx.m.phys.deferred.as_ref();
+    let _dropping = d.map(|d| d.dropping_here(ctx.index.min(d.unowned())));
     let freed = crate::object::dropping_aged(drop_them);
     ctx.frames().free_aged(&freed);
 }

@@ -210,6 +210,14 @@ impl Deferred {
         self.drop_aged_of_with(i, rcu, all, drop)
     }
 
+    /// One drop under way on list `i`'s owner, outside the lists (its
+    /// frames placed before the guard goes): counted with `dropping`.
+    pub(crate) fn dropping_here(&self, i: usize) -> InTransit<'_> {
+        let l = &self.lists[i];
+        l.dropping.fetch_add(1, Ordering::AcqRel);
+        InTransit { placements: &l.placements, count: &l.dropping, n: 1 }
+    }
+
     /// [`Deferred::drop_aged_of`], dropping the aged values with
     /// `drop_them`, which places the frames their drops free (the owner
     /// puts them in its own cache: `aspace::Space::finish`). They count
