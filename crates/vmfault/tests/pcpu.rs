@@ -114,7 +114,10 @@ fn remote_drains_while_every_vcpu_faults_and_frees() {
     assert!(rounds > 0);
     assert!(s.pcp_remote_drains > 0 && s.pcp_pages_drained > 0, "the drainer ran: {s:?}");
     assert!(s.pcp_hit > s.pcp_miss, "the caches served most allocations");
-    assert_eq!(s.free_pages, initial.free_pages, "frames lost or doubled");
+    // Every counter on failure: where the frames are (tables, index nodes,
+    // data pages, deferred lists, values still to drop) tells a leak from
+    // a structure that still holds them.
+    assert_eq!(s.free_pages, initial.free_pages, "frames lost or doubled: {s:?}");
     vm.drain_pcpu_caches();
     assert_eq!(vm.stats().global_free_pages, initial.free_pages);
     println!(
