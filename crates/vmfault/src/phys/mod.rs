@@ -277,18 +277,19 @@ impl PhysMem {
 
     /// The grace-period thread's tick for the vCPUs' own lists: a list
     /// that holds something and has not changed since the last tick
-    /// (`last`: what the list held and the owner's `Rcu::activity`, kept
-    /// by the caller) has its aged values dropped here (its owner drops
-    /// them only at its next change, which may not come: a vCPU that only
-    /// faults); if its owner has also run no read-side section since, the
-    /// owner idle or gone, its aged frames go to the global list. The
-    /// frames of a list whose owner is busy elsewhere (computing between
-    /// frees, as ebizzy's threads do) stay: the owner takes them back into
-    /// its own cache at its next miss or free, where flushing them would
-    /// cost a refill from the global list and a return.
+    /// (`last`: what the list held, the owner's `Rcu::activity`, and for
+    /// how many ticks the list has not changed, kept by the caller) has
+    /// its aged values dropped here (its owner drops them only at its next
+    /// change, which may not come: a vCPU that only faults). Its aged
+    /// frames go to the global list if its owner has run no read-side
+    /// section since either (idle or gone), or if the list has not
+    /// changed for [`BUSY_TICKS`] ticks: a busy owner takes its frames
+    /// back into its own cache at its next miss or free (flushing them
+    /// would cost a refill from the global list and a return: ebizzy's
+    /// threads compute between frees), but one that neither misses nor
+    /// frees again would hold them for ever.
     pub(crate) fn flush_idle_deferred(&self, rcu: &Rcu, last: &mut [IdleMark]) {
         let Some(d) = &self.deferred else { return };
-        let now = |i: usize| IdleMark { held: d.held_by(i), activity: rcu.activity(i) };
         let unchanged: Vec<usize> =
             (0..d.unowned()).filter(|&i| d.held_by(i) != (0, 0) && d.held_by(i) == last[i].held).collect();
         // The values first (a drop may take a while: a file's write-back),
@@ -297,24 +298,36 @@ impl PhysMem {
         for &i in &unchanged {
             d.drop_aged_of(i, rcu, false);
         }
-        let idle = unchanged.iter().copied().filter(|&i| rcu.activity(i) == last[i].activity);
+        let idle = unchanged
+            .iter()
+            .copied()
+            .filter(|&i| rcu.activity(i) == last[i].activity || last[i].ticks + 1 >= BUSY_TICKS);
         let mut frames = Vec::new();
         let moving: Vec<_> = idle.map(|i| d.take_aged(i, rcu, &mut frames)).collect();
         self.give_aged(&frames);
         drop(moving);
         for (i, seen) in last.iter_mut().enumerate().take(d.unowned()) {
-            *seen = now(i);
+            let held = d.held_by(i);
+            let ticks = if held == seen.held { seen.ticks.saturating_add(1) } else { 0 };
+            *seen = IdleMark { held, activity: rcu.activity(i), ticks };
         }
     }
 }
 
-/// What a vCPU's deferred list held (frames, values to drop) and how far
-/// its owner had run (`Rcu::activity`) at the grace-period thread's last
-/// tick ([`PhysMem::flush_idle_deferred`]).
+/// Ticks of the grace-period thread (`GRACE_POLL` each) after which a
+/// busy vCPU's unchanged deferred list gives its aged frames to the
+/// global list ([`PhysMem::flush_idle_deferred`]).
+pub(crate) const BUSY_TICKS: u32 = 10;
+
+/// What a vCPU's deferred list held (frames, values to drop), how far its
+/// owner had run (`Rcu::activity`) at the grace-period thread's last tick,
+/// and for how many ticks the list had not changed
+/// ([`PhysMem::flush_idle_deferred`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct IdleMark {
     held: (u64, u64),
     activity: u64,
+    ticks: u32,
 }
 
 impl PhysMem {
@@ -881,6 +894,28 @@ mod tests {
         assert_eq!(dropped.load(Ordering::Relaxed), 1, "an unchanged list's aged values are dropped");
         phys.flush_idle_deferred(&rcu, &mut last);
         assert_eq!(phys.deferred_frames(), 0, "a tick without its sections: idle, and freed");
+    }
+
+    #[test]
+    fn a_busy_vcpu_that_never_frees_again_gives_its_frames_up_after_a_while() {
+        let (rcu, readers) = Rcu::new(2);
+        let mut phys = PhysMem::new(32, false, &rcu, NO_PCP, false, false).unwrap();
+        phys.set_deferred(2);
+        let frames = Frames::global(&phys);
+        let pfns: Vec<Pfn> = (0..3).map(|_| phys.publish(frames.alloc().unwrap(), Kind::Data)).collect();
+        phys.deferred.as_ref().unwrap().push(0, rcu.cookie(), pfns);
+        rcu.synchronize();
+        let mut last = vec![IdleMark::default(); 3];
+        phys.flush_idle_deferred(&rcu, &mut last);
+        // Its owner runs sections at every tick, and never misses or frees.
+        for tick in 1..BUSY_TICKS {
+            drop(rcu.read_lock(&readers[0]));
+            phys.flush_idle_deferred(&rcu, &mut last);
+            assert_eq!(phys.deferred_frames(), 3, "tick {tick}: still the busy owner's");
+        }
+        drop(rcu.read_lock(&readers[0]));
+        phys.flush_idle_deferred(&rcu, &mut last);
+        assert_eq!(phys.deferred_frames(), 0, "unchanged for {BUSY_TICKS} ticks: given up");
     }
 
     #[test]
