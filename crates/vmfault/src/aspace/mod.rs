@@ -563,8 +563,14 @@ impl Space {
         }
         // A polled grace period (no wait): with no other vCPU inside a
         // section, everything retired so far ages at once, and the objects
-        // of removed mappings end with no wait either.
-        let all_aged = rcu.poll(retired[retired.len() - 1].cookie());
+        // of removed mappings end with no wait either. For the newest
+        // cookie, not the last entry's: snapshots taken over from other
+        // vCPUs (older) follow this vCPU's own, and a reclaim reorders
+        // what it leaves; polling an older one, aged, left this change's
+        // own snapshot (and the objects it keeps alive) here until the
+        // space changed again, which a final munmap never sees.
+        let newest = retired.iter().map(|r| r.cookie()).max().expect("not empty");
+        let all_aged = rcu.poll(newest);
         if all_aged || (!objects_gone && retired.len() <= SNAPSHOT_BACKLOG) {
             // Free what has aged past a grace period, without waiting (and
             // outside the lock: dropping a version frees its unshared nodes).

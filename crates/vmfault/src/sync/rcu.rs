@@ -139,8 +139,9 @@ struct Polled {
     left: usize,
 }
 
-/// When an object was unlinked, in grace periods (see [`Rcu::retire`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// When an object was unlinked, in grace periods (see [`Rcu::retire`]);
+/// a later cookie orders after an earlier one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct GpCookie(u64);
 
 /// An unlinked object waiting for a grace period before it may be dropped.
