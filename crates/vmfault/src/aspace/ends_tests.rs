@@ -91,3 +91,35 @@ fn objects_that_retired_snapshots_kept_alive_free_into_the_vcpus_cache() {
         "frames crossed the global list: {before:?}\n{after:?}"
     );
 }
+
+/// The last change to a space ends an object while another vCPU is inside
+/// a read-side section, with another vCPU's retired snapshot pending:
+/// nothing changes the space again, and the object still ends (its index
+/// node and record freed) once the section is over. (The other vCPU's
+/// mapping is placed away from the unmapped one: next to it, the two merge
+/// and the page left keeps the object, as Linux's keeps its anon_vma.)
+#[test]
+fn an_object_unmapped_while_a_reader_waits_ends_without_another_change() {
+    let vm = vm(FaultPath::Speculative);
+    let space = vm.new_space().unwrap();
+    let (vm2, space2) = (vm.clone(), space.clone());
+    std::thread::spawn(move || {
+        let _cpu = vm2.attach().unwrap();
+        let rw = Prot::READ | Prot::WRITE;
+        space2.mmap(1 << 30, PAGE_SIZE, rw, MapFlags::PRIVATE | MapFlags::ANONYMOUS).unwrap();
+    })
+    .join()
+    .unwrap();
+    vm.m.rcu.synchronize();
+    let _cpu = vm.attach().unwrap();
+    with_a_reader_inside(&vm, || map_write_unmap(&space));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let s = vm.stats();
+        if s.index_pages == 0 && s.backing_records == 0 && s.data_pages == 0 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the unmapped object is still alive after 10 s: {s:?}");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
