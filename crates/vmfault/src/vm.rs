@@ -298,6 +298,7 @@ impl Vm {
         }
         phys.set_ordered(config.frame_order == crate::config::FrameOrder::Ordered);
         phys.set_reuse_zeroed(config.reuse_zeroed);
+        phys.set_zero_ahead(config.zero_ahead);
         phys.set_stream_after(match config.zero_stores {
             crate::config::ZeroStores::Cached => None,
             crate::config::ZeroStores::Streaming => Some(0),

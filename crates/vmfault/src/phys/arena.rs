@@ -143,10 +143,24 @@ pub(crate) const STREAMS: bool = cfg!(all(target_arch = "x86_64", not(miri)));
 
 /// Zero the frame at `p` with streaming (non-temporal) stores, but for the
 /// line holding byte `keep`, which ordinary stores write last so that it
-/// stays in the cache; then fence, so that the streaming stores are
-/// ordered before any later store (the ones that publish the frame).
-/// Ordinary stores throughout where streaming ones are not available
-/// (other architectures than x86-64; miri).
+/// stays in the cache; then fence ([`stream_fence`]), so that the
+/// streaming stores are ordered before any later store (the ones that
+/// publish the frame). Ordinary stores throughout where streaming ones are
+/// not available (other architectures than x86-64; miri).
+///
+/// # Safety
+/// As [`stream_zero_unfenced`].
+#[inline]
+pub(crate) unsafe fn stream_zero(p: *mut u8, keep: usize) {
+    // SAFETY: the caller's.
+    unsafe { stream_zero_unfenced(p, keep) };
+    stream_fence();
+}
+
+/// [`stream_zero`] without its fence: the streaming stores are not ordered
+/// before later stores until a [`stream_fence`] on this thread (the
+/// caller's business: nothing may publish the frame, nor hand it to
+/// another thread, before one).
 ///
 /// Kept out of line: a profile then tells the zeroing from the fault path
 /// around it (one call per 4 KiB).
@@ -155,11 +169,11 @@ pub(crate) const STREAMS: bool = cfg!(all(target_arch = "x86_64", not(miri)));
 /// `p` is the first byte of a frame of the arena, and nothing else reads
 /// or writes the frame while this runs.
 #[inline(never)]
-pub(crate) unsafe fn stream_zero(p: *mut u8, keep: usize) {
+pub(crate) unsafe fn stream_zero_unfenced(p: *mut u8, keep: usize) {
     let hot = (keep % PAGE_SIZE as usize) & !(LINE - 1);
     #[cfg(all(target_arch = "x86_64", not(miri)))]
     {
-        use std::arch::x86_64::{__m128i, _mm_setzero_si128, _mm_sfence, _mm_stream_si128};
+        use std::arch::x86_64::{__m128i, _mm_setzero_si128, _mm_stream_si128};
         // SAFETY: SSE2 is part of x86-64.
         let z = unsafe { _mm_setzero_si128() };
         // The lines before the kept one, then those after it.
@@ -182,10 +196,6 @@ pub(crate) unsafe fn stream_zero(p: *mut u8, keep: usize) {
         }
         // SAFETY: `hot + LINE <= PAGE_SIZE`, inside the caller's frame.
         unsafe { std::ptr::write_bytes(p.add(hot), 0, LINE) };
-        // Streaming stores are weakly ordered: without the fence a Release
-        // store that publishes the frame could become visible before them.
-        // SAFETY: SSE2 is part of x86-64; a fence has no other effect.
-        unsafe { _mm_sfence() };
     }
     #[cfg(not(all(target_arch = "x86_64", not(miri))))]
     {
@@ -193,4 +203,17 @@ pub(crate) unsafe fn stream_zero(p: *mut u8, keep: usize) {
         // SAFETY: the frame is PAGE_SIZE bytes the caller owns alone.
         unsafe { std::ptr::write_bytes(p, 0, PAGE_SIZE as usize) };
     }
+}
+
+/// Order this thread's streaming stores before its later stores: they are
+/// weakly ordered, and without the fence a Release store that publishes a
+/// frame could become visible before them. Nothing where streaming stores
+/// are not used.
+#[inline]
+pub(crate) fn stream_fence() {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    // SAFETY: SSE2 is part of x86-64; a fence has no other effect.
+    unsafe {
+        std::arch::x86_64::_mm_sfence()
+    };
 }

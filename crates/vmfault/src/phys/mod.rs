@@ -51,7 +51,7 @@ pub(crate) use pcpu::{Frames, PcpConfig};
 pub(crate) use queues::{PageQueues, Queue};
 
 use crate::error::Result;
-use crate::sync::percpu::PerCpuCache;
+use crate::sync::percpu::{Magazine, PerCpuCache};
 use crate::sync::rcu::Rcu;
 use crate::types::PAGE_SIZE;
 
@@ -103,6 +103,10 @@ pub(crate) struct PhysMem {
     /// `[I]` frames known to hold zeros are not zeroed again
     /// (`VmConfig::reuse_zeroed`, `mark_zeroed`).
     reuse_zeroed: bool,
+    /// `[I]` frames of its cache a fault that streams its frame's zeros
+    /// also zeroes, fenced once with its own (`VmConfig::zero_ahead`;
+    /// `Frames::zero_for`); 0: none.
+    zero_ahead: usize,
     /// `[I]` faults zero a frame with streaming stores once it has been
     /// in a vCPU's cache this many of the vCPU's allocations, or came from
     /// elsewhere; `None`: never (`VmConfig::zero_stores`; `Frames::zero_for`).
@@ -162,6 +166,7 @@ impl PhysMem {
             queues: queues.then(|| PageQueues::new(rcu)),
             ordered: false,
             reuse_zeroed: false,
+            zero_ahead: 0,
             stream_after: None,
             deferred: None,
         })
@@ -457,6 +462,19 @@ impl PhysMem {
         true
     }
 
+    /// Zero owned frame `f`, which holds no zeros, with streaming stores
+    /// but for the line at byte `keep`, and leave them unfenced: the caller
+    /// fences ([`arena::stream_fence`]) before the frame can be published
+    /// or reach another thread (`Frames::zero_for`, which fences with the
+    /// frames it zeroes ahead).
+    #[inline]
+    pub(crate) fn stream_zero_unfenced(&self, f: &mut OwnedFrame, keep: usize) {
+        let p = self.arena.frame_ptr(f.0.0);
+        // SAFETY: the frame lies inside the arena, and an `OwnedFrame` is
+        // reachable by nobody else (rule 1).
+        unsafe { arena::stream_zero_unfenced(p, keep % PAGE_SIZE as usize) };
+    }
+
     /// Faults zero a frame with streaming stores once it has been in a
     /// vCPU's cache `after` of the vCPU's allocations (0: always), or came
     /// from elsewhere; `None`: never (`VmConfig::zero_stores`).
@@ -464,10 +482,70 @@ impl PhysMem {
         self.stream_after = after;
     }
 
+    /// Frames a fault that streams its own frame's zeros zeroes ahead
+    /// from its cache (`VmConfig::zero_ahead`; 0: none).
+    pub(crate) fn set_zero_ahead(&mut self, frames: usize) {
+        self.zero_ahead = frames;
+    }
+
+    /// See [`set_zero_ahead`](PhysMem::set_zero_ahead).
+    #[inline]
+    pub(crate) fn zero_ahead(&self) -> usize {
+        self.zero_ahead
+    }
+
+    /// Zero up to `n` of the frames magazine `m` hands out next ahead of
+    /// their allocation, those `pick` chooses that hold no zeros yet, with
+    /// streaming stores but for the line at byte `keep` (the one a fault
+    /// like the current one will touch first); mark them as holding zeros,
+    /// so that the faults that take them skip their zeroing
+    /// ([`zero_with`](PhysMem::zero_with)); then fence, which also orders
+    /// this thread's earlier streaming stores ([`stream_zero_unfenced`](
+    /// PhysMem::stream_zero_unfenced)). Returns how many it zeroed.
+    ///
+    /// The frames are free in `m`, which the caller holds mutably: inside
+    /// `PerCpuCache::local`, where nobody else reads or writes them until
+    /// the caller's read-side section ends (a drain waits for that), and
+    /// the fence comes before that end.
+    pub(crate) fn zero_ahead_in(
+        &self,
+        m: &mut Magazine<u32>,
+        n: usize,
+        keep: usize,
+        mut pick: impl FnMut(Pfn) -> bool,
+    ) -> u64 {
+        let mut zeroed = 0;
+        for &p in m.newest(n) {
+            let pfn = Pfn(p);
+            let page = self.page(pfn);
+            if page.zeroed.load(Ordering::Relaxed) != 0 || !pick(pfn) {
+                continue;
+            }
+            let ptr = self.arena.frame_ptr(p);
+            // SAFETY: the frame lies inside the arena and, free in the
+            // magazine the caller holds mutably, is read and written by
+            // nobody else.
+            unsafe { arena::stream_zero_unfenced(ptr, keep % PAGE_SIZE as usize) };
+            // Read by whoever takes the frame: this thread (program order),
+            // or another after a drain's grace period, which follows the
+            // fence below and the end of the caller's section.
+            page.zeroed.store(1, Ordering::Relaxed);
+            zeroed += 1;
+        }
+        arena::stream_fence();
+        zeroed
+    }
+
     /// See [`set_stream_after`](PhysMem::set_stream_after).
     #[inline]
     pub(crate) fn stream_after(&self) -> Option<u32> {
         self.stream_after
+    }
+
+    /// Whether frame `pfn` is marked as holding only zeros (`Page::zeroed`).
+    #[inline]
+    pub(crate) fn holds_zeros(&self, pfn: Pfn) -> bool {
+        self.page(pfn).zeroed.load(Ordering::Relaxed) != 0
     }
 
     /// An owned frame is about to be written other than by
@@ -836,6 +914,55 @@ mod tests {
             a.zero_for(&mut f, 0);
             assert_eq!(streamed(&c), want(expect), "stream after {after:?}");
             a.free_owned(f);
+        }
+    }
+
+    #[test]
+    fn frames_zeroed_ahead_hold_zeros_and_their_faults_skip_zeroing() {
+        use crate::stats::{Counter, CounterSet};
+        const AHEAD: usize = 3;
+        let (rcu, readers) = Rcu::new(1);
+        let cfg = PcpConfig { capacity: 8, fill: 8, drain: 8, max: 8 };
+        // Where streaming stores do not exist (miri), nothing is zeroed ahead.
+        let want = |n: u64| n * u64::from(arena::STREAMS);
+        for (after, streams) in [(Some(0), true), (Some(2048), false), (None, false)] {
+            let mut phys = PhysMem::new(32, false, &rcu, cfg, false, false).unwrap();
+            phys.set_stream_after(after);
+            phys.set_zero_ahead(AHEAD);
+            let c = CounterSet::new();
+            let a = Frames::new(&phys, &rcu, &readers[0], &c);
+            // Eight frames holding garbage, freed into a's cache.
+            let mut got: Vec<OwnedFrame> = (0..8).map(|_| a.alloc().unwrap()).collect();
+            for f in &mut got {
+                phys.owned_bytes(f).fill(0xa5);
+            }
+            for f in got.into_iter().rev() {
+                a.free_owned(f);
+            }
+            // The first fault's frame: zeroed, and with streaming stores
+            // (after 0: always) the next AHEAD frames of the cache too.
+            let mut f = a.alloc().unwrap();
+            a.zero_for(&mut f, 0x123);
+            assert!(phys.owned_bytes(&mut f).iter().all(|&b| b == 0), "after {after:?}");
+            let ahead = if streams { want(AHEAD as u64) } else { 0 };
+            assert_eq!(c.get(Counter::zeroed_ahead), ahead, "after {after:?}");
+            let mut held = vec![f];
+            for i in 0..AHEAD as u64 + 1 {
+                let mut g = a.alloc().unwrap();
+                let pre = phys.holds_zeros(g.pfn());
+                assert_eq!(pre, i < ahead, "frame {i} ahead, after {after:?}");
+                let skipped = c.get(Counter::zeroings_skipped);
+                a.zero_for(&mut g, 0x123);
+                assert!(phys.owned_bytes(&mut g).iter().all(|&b| b == 0), "frame {i}, after {after:?}");
+                assert_eq!(c.get(Counter::zeroings_skipped) - skipped, u64::from(pre), "frame {i}");
+                held.push(g);
+            }
+            // The frame past the batch was zeroed itself and zeroed the
+            // rest of the cache ahead (three frames left there).
+            assert_eq!(c.get(Counter::zeroed_ahead), 2 * ahead, "after {after:?}");
+            for f in held {
+                a.free_owned(f);
+            }
         }
     }
 

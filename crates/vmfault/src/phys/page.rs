@@ -92,7 +92,8 @@ pub(crate) struct Page {
     /// `[o]` the frame holds only zeros (`PhysMem::mark_zeroed`): set by
     /// whoever frees a frame it cleared itself (a page-table page a prune
     /// detached, an index node of an anonymous object that ended,
-    /// `pmap::radix`), kept across the free, cleared by the next
+    /// `pmap::radix`), or by the vCPU whose cache holds it, which zeroed it
+    /// there ahead of its allocation (`zero_ahead`), kept across the free, cleared by the next
     /// write to the frame (its zeroing, which this lets it skip; a copy, a
     /// read-in; its publication). FreeBSD's `PG_ZERO`.
     pub(crate) zeroed: AtomicU32,

@@ -96,6 +96,12 @@ impl<T> Magazine<T> {
         self.cap - self.items.len()
     }
 
+    /// The `n` newest items (fewer if it holds fewer), the next `n` that
+    /// [`pop`](Magazine::pop) hands out, last first.
+    pub fn newest(&self, n: usize) -> &[T] {
+        &self.items[self.items.len().saturating_sub(n)..]
+    }
+
     /// Take the newest item.
     #[inline]
     pub fn pop(&mut self) -> Option<T> {
