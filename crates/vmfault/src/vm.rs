@@ -1,264 +1,26 @@
-//! [`Vm`]: one machine. Owns physical memory, the vCPU slots, the RCU and
-//! the statistics; address spaces are created from it. Many `Vm`s can live
-//! in one process: there are no globals.
+//! [`Vm`]'s methods: one machine. It owns physical memory, the vCPU slots,
+//! the RCU and the statistics (the types are in `machine`, below the
+//! address spaces that hold them); address spaces are created from it, and
+//! its threads (the page daemon, the grace-period thread) are started
+//! here. Many `Vm`s can live in one process: there are no globals.
 
 use std::cell::Cell;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
+pub use crate::machine::Vm;
+pub(crate) use crate::machine::{Ctx, Handle, Machine, with_ctx};
+
 use crate::aspace::AddressSpace;
 use crate::config::VmConfig;
 use crate::error::{Error, Result};
-use crate::phys::{Frames, Kind, PhysMem};
-use crate::stats::{Counter, CounterSet, CpuCounters, CpuStats, Stats};
+use crate::machine::{Life, PerCpu, PerCpuOwned};
+use crate::object::Env;
+use crate::phys::{Kind, PhysMem};
+use crate::stats::{CounterSet, CpuCounters, CpuStats, Stats};
 use crate::sync::cpu::{Attachment, CpuSet};
-use crate::sync::rcu::{Rcu, RcuPin, RcuReadGuard, RcuReader};
+use crate::sync::rcu::Rcu;
 use crate::types::PAGE_SIZE;
-
-/// The shared part of a vCPU slot.
-#[derive(Debug)]
-pub(crate) struct PerCpu {
-    /// `[o]` event counters, written by the slot's owner only.
-    pub(crate) counters: CounterSet,
-}
-
-/// The owner-only part of a vCPU slot.
-#[derive(Debug)]
-pub(crate) struct PerCpuOwned {
-    /// `[o]` this slot's RCU reader.
-    pub(crate) rcu: RcuReader,
-    /// `[o]` next object serial number handed out by this vCPU.
-    next_object: Cell<u64>,
-    /// `[o]` this vCPU's last reserve in an object index.
-    pub(crate) index_hint: crate::object::IndexHint,
-}
-
-/// Everything a `Vm` owns, shared by its handles, spaces and objects.
-#[derive(Debug)]
-pub(crate) struct Machine {
-    /// `[I]` the configuration it was built with.
-    pub(crate) config: VmConfig,
-    /// `[S]` physical memory (fields carry their own tags).
-    pub(crate) phys: PhysMem,
-    /// `[S]` the page daemon's statistics (fields carry their tags).
-    pub(crate) daemon: crate::stats::DaemonStats,
-    /// `[I]` the RCU; reader `i` belongs to vCPU slot `i`.
-    pub(crate) rcu: Rcu,
-    /// `[S]` the vCPU slots.
-    pub(crate) cpus: CpuSet<PerCpu, PerCpuOwned>,
-    /// `[S]` the file objects, by device and inode (its own lock inside).
-    pub(crate) files: crate::object::Files,
-    /// Reverse-map totals of the backing records (`[a]`).
-    pub(crate) rmap: crate::object::RmapTotals,
-    /// `[S]` the pv lists (`rmap=pv`; empty otherwise), one lock per frame.
-    pub(crate) pv: crate::object::PvTable,
-    /// `[L]` the live address spaces by id, for pv entries and statistics
-    /// (a lock taken when a space is made or dropped, and by readers of both).
-    pub(crate) spaces: std::sync::Mutex<std::collections::HashMap<u64, std::sync::Weak<crate::aspace::Space>>>,
-    /// `[L]` pages whose last reference was a wiring dropped under a PTE lock
-    /// (they had left their object while wired): unmapped, waiting for an
-    /// operation's grace period to be freed (a lock of its own, innermost).
-    pub(crate) orphans: std::sync::Mutex<Vec<crate::phys::Pfn>>,
-    /// `[a]` whether `orphans` may hold any (written under its lock): every
-    /// change's `finish` looks, and the lock is shared by all vCPUs.
-    pub(crate) orphaned: std::sync::atomic::AtomicBool,
-    /// `[S]` the swap file (`VmConfig::swap`; its own lock inside).
-    pub(crate) swap: Option<crate::reclaim::Swap>,
-    /// `[S]` the anonymous objects, registered only with swap (locks inside).
-    pub(crate) reclaimable: crate::object::Reclaimable,
-    /// `[a]` set when the user's last handle goes (`Life`): the machine's
-    /// threads end.
-    pub(crate) stop: std::sync::atomic::AtomicBool,
-}
-
-impl Machine {
-    /// Queue an unmapped page that nothing references for freeing.
-    pub(crate) fn orphan(&self, pfn: crate::phys::Pfn) {
-        let mut orphans = crate::sync::rank::lock(&self.orphans, crate::sync::rank::Rank::Leaf);
-        orphans.push(pfn);
-        self.orphaned.store(true, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// Take the queued orphans (the caller frees them after a grace period).
-    pub(crate) fn take_orphans(&self) -> Vec<crate::phys::Pfn> {
-        // A queue filled by another vCPU is seen at a later look (each
-        // orphan is also taken by its own vCPU's next change).
-        if !self.orphaned.load(std::sync::atomic::Ordering::Relaxed) {
-            return Vec::new();
-        }
-        let mut orphans = crate::sync::rank::lock(&self.orphans, crate::sync::rank::Rank::Leaf);
-        self.orphaned.store(false, std::sync::atomic::Ordering::Relaxed);
-        std::mem::take(&mut *orphans)
-    }
-}
-
-impl std::fmt::Debug for CpuSet<PerCpu, PerCpuOwned> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CpuSet").field("cpus", &self.cpus()).finish_non_exhaustive()
-    }
-}
-
-/// The vCPU context of one operation: which slot the calling thread holds,
-/// and that slot's per-CPU data. Passed by reference through every layer.
-pub(crate) struct Ctx<'a> {
-    /// The machine.
-    pub(crate) m: &'a Machine,
-    /// The claimed slot's shared part.
-    pub(crate) cpu: &'a PerCpu,
-    /// The claimed slot's owner-only part.
-    pub(crate) own: &'a PerCpuOwned,
-    /// The slot index.
-    pub(crate) index: usize,
-    /// PTEs of shared mappings this operation cleared: their pages live on,
-    /// so even with `free_path=deferred` the operation waits for a grace
-    /// period before it returns (`Space::finish`).
-    shared_zaps: Cell<u64>,
-}
-
-impl Ctx<'_> {
-    /// Note `n` cleared PTEs of a shared mapping.
-    pub(crate) fn shared_zapped(&self, n: u64) {
-        self.shared_zaps.set(self.shared_zaps.get() + n);
-    }
-
-    /// Take the count of [`shared_zapped`](Ctx::shared_zapped).
-    pub(crate) fn take_shared_zaps(&self) -> u64 {
-        self.shared_zaps.replace(0)
-    }
-
-    /// Count one event on this vCPU.
-    #[inline]
-    pub(crate) fn count(&self, c: Counter) {
-        self.cpu.counters.inc(c);
-    }
-
-    /// Count `n` events on this vCPU.
-    #[inline]
-    pub(crate) fn count_n(&self, c: Counter, n: u64) {
-        self.cpu.counters.add(c, n);
-    }
-
-    /// This vCPU's view of the frame allocator (its page cache first).
-    #[inline]
-    pub(crate) fn frames(&self) -> Frames<'_> {
-        Frames::new(&self.m.phys, &self.m.rcu, &self.own.rcu, &self.cpu.counters)
-    }
-
-    /// Enter an RCU read-side section as this vCPU.
-    #[inline]
-    pub(crate) fn rcu_read(&self) -> RcuReadGuard<'_> {
-        self.m.rcu.read_lock(&self.own.rcu)
-    }
-
-    /// Enter an RCU read-side section as this vCPU, pinning the page of
-    /// `addr` (`Rcu::pin`: the per-VMA read lock).
-    #[inline]
-    pub(crate) fn rcu_pin(&self, addr: u64) -> RcuPin<'_> {
-        self.m.rcu.pin(&self.own.rcu, addr)
-    }
-
-    /// A new object id, unique in this `Vm`, without a shared counter:
-    /// the slot index in the top bits, a per-slot serial below.
-    pub(crate) fn new_object_id(&self) -> u64 {
-        let n = self.own.next_object.get();
-        self.own.next_object.set(n + 1);
-        ((self.index as u64 + 1) << 48) | n
-    }
-}
-
-/// A virtual machine: physical memory, vCPUs and address spaces.
-///
-/// `Vm` is a cheap handle (`Clone + Send + Sync`); all clones are the same machine.
-///
-/// ```
-/// use vmfault::{Vm, VmConfig, Prot, MapFlags};
-/// let vm = Vm::new(VmConfig { phys_bytes: 16 << 20, cpus: 2, ..VmConfig::default() })?;
-/// let _cpu = vm.attach()?; // this thread is now vCPU 0
-/// let space = vm.new_space()?;
-/// let a = space.mmap(0, 8192, Prot::READ | Prot::WRITE, MapFlags::PRIVATE | MapFlags::ANONYMOUS)?;
-/// space.write(a + 4090, b"spans two pages")?;
-/// assert_eq!(vm.stats().zero_fill, 2);
-/// # Ok::<(), vmfault::Error>(())
-/// ```
-#[derive(Debug, Clone)]
-pub struct Vm {
-    /// `[I]` the machine.
-    pub(crate) m: Arc<Machine>,
-    /// `[I]` dropped with the last handle (address spaces hold one): lets go of
-    /// the cached file objects, which hold the machine themselves.
-    _life: Arc<Life>,
-}
-
-/// The machine as the address spaces hold it: unlike a [`Vm`], it does
-/// not keep the user's handle alive, so the page daemon, which holds
-/// spaces for a moment, never delays the end of a `Vm` (the user-facing
-/// [`AddressSpace`] carries a `Vm`).
-#[derive(Debug, Clone)]
-pub(crate) struct Handle {
-    /// `[I]` the machine.
-    pub(crate) m: Arc<Machine>,
-}
-
-impl Handle {
-    /// Run `f` with this thread's vCPU context for one operation.
-    pub(crate) fn with_ctx<R>(&self, f: impl FnOnce(&Ctx<'_>) -> R) -> R {
-        with_ctx(&self.m, f)
-    }
-}
-
-/// Run `f` with this thread's vCPU context on `m` for one operation.
-fn with_ctx<R>(m: &Machine, f: impl FnOnce(&Ctx<'_>) -> R) -> R {
-    let mut claim = m.cpus.claim();
-    let index = claim.index();
-    let (cpu, own) = claim.parts();
-    let ctx = Ctx { m, cpu, own: &*own, index, shared_zaps: Cell::new(0) };
-    let r = f(&ctx);
-    // The grace periods this operation waited for on the caller's path.
-    let waits = crate::sync::rcu::take_thread_waits();
-    if waits > 0 {
-        ctx.count_n(Counter::caller_grace_waits, waits);
-    }
-    r
-}
-
-/// See [`Vm::_life`]: the end of the user's last handle. The machine's
-/// own threads (page daemon, drain thread) are stopped and joined here,
-/// so none of them outlives the `Vm` by a second, and the swap file's
-/// path is freed at once (a new `Vm` may take it: `Swap::unlink`).
-#[derive(Debug)]
-struct Life {
-    /// `[I]` the machine.
-    m: Arc<Machine>,
-    /// `[L]` the machine's threads, joined at its end.
-    threads: std::sync::Mutex<Vec<std::thread::JoinHandle<()>>>,
-}
-
-impl Drop for Life {
-    fn drop(&mut self) {
-        self.m.stop.store(true, std::sync::atomic::Ordering::Release);
-        self.m.phys.doorbell.stop();
-        let me = std::thread::current().id();
-        let threads = std::mem::take(&mut *crate::sync::rank::lock(&self.threads, crate::sync::rank::Rank::Leaf));
-        for t in threads {
-            t.thread().unpark();
-            // A thread of the machine never drops the last handle itself
-            // (the daemon's references go to the reaper); never wait for
-            // oneself all the same.
-            if t.thread().id() != me {
-                let _ = t.join();
-            }
-        }
-        // Retired snapshots still queued to drop (they hold objects, which
-        // hold the machine: a cycle else).
-        if let Some(d) = &self.m.phys.deferred {
-            d.drop_aged(&self.m.rcu, true);
-        }
-        self.m.files.drop_cached();
-        if let Some(swap) = &self.m.swap {
-            swap.unlink();
-        }
-    }
-}
 
 /// A thread's attachment to a vCPU slot of a [`Vm`]; detaches when dropped.
 ///
@@ -319,27 +81,30 @@ impl Vm {
         });
         let daemon_reader = readers.next().expect("the page daemon's reader");
         let swap = match &config.swap {
-            Some(path) => Some(crate::reclaim::Swap::create(path, config.swap_bytes())?),
+            Some(path) => Some(crate::swapdev::Swap::create(path, config.swap_bytes())?),
             None => None,
         };
         let pv = match config.rmap {
             crate::config::Rmap::PvEntry => crate::object::PvTable::new(frames)?,
             crate::config::Rmap::Backing => crate::object::PvTable::default(),
         };
-        let m = Arc::new(Machine {
+        let env = Arc::new(Env {
             config,
             phys,
             daemon: Default::default(),
             rcu,
-            cpus,
             files: Default::default(),
             rmap: Default::default(),
             pv,
+            reclaimable: crate::object::Reclaimable::new(swap.is_some()),
+            swap,
+        });
+        let m = Arc::new(Machine {
+            env,
+            cpus,
             spaces: Default::default(),
             orphans: Default::default(),
             orphaned: Default::default(),
-            reclaimable: crate::object::Reclaimable::new(swap.is_some()),
-            swap,
             stop: Default::default(),
         });
         let life = Life { m: m.clone(), threads: Default::default() };
@@ -497,8 +262,7 @@ impl Vm {
 
     /// Handles to the live address spaces.
     fn spaces(&self) -> Vec<AddressSpace> {
-        let map = crate::sync::rank::lock(&self.m.spaces, crate::sync::rank::Rank::Leaf);
-        map.values().filter_map(|w| w.upgrade()).map(|s| AddressSpace { s, vm: self.clone() }).collect()
+        crate::aspace::Space::registered(&self.m).into_iter().map(|s| AddressSpace { s, vm: self.clone() }).collect()
     }
 
     /// Per-vCPU counters: one entry per slot, the shared slot last.

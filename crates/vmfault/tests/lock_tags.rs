@@ -12,10 +12,11 @@ use std::path::Path;
 /// The structures more than one thread reaches, by the file that defines
 /// them (relative to `src/`).
 const SHARED: &[(&str, &str)] = &[
-    ("vm.rs", "Machine"),
-    ("vm.rs", "Vm"),
-    ("vm.rs", "Handle"),
-    ("vm.rs", "Life"),
+    ("machine.rs", "Machine"),
+    ("machine.rs", "Vm"),
+    ("machine.rs", "Handle"),
+    ("machine.rs", "Life"),
+    ("object/env.rs", "Env"),
     ("stats.rs", "CounterSet"),
     ("sync/rcu.rs", "Rcu"),
     ("sync/rcu.rs", "Slot"),
@@ -41,8 +42,8 @@ const SHARED: &[(&str, &str)] = &[
     ("aspace/zones.rs", "Zone"),
     ("aspace/zones.rs", "SpaceCpu"),
     ("aspace/vma.rs", "Vma"),
-    ("reclaim/swapfile.rs", "Swap"),
-    ("reclaim/swapfile.rs", "Slots"),
+    ("swapdev.rs", "Swap"),
+    ("swapdev.rs", "Slots"),
 ];
 
 /// The tags of `lib.rs`'s legend.

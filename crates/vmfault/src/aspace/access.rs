@@ -19,10 +19,10 @@
 use super::{AddressSpace, Space};
 use crate::error::{Error, Op, Result, SegvCode};
 use crate::fault;
+use crate::machine::Ctx;
 use crate::phys::Pfn;
 use crate::stats::Counter;
 use crate::types::{Access, PAGE_SIZE, TASK_SIZE};
-use crate::vm::Ctx;
 
 impl AddressSpace {
     /// Load `buf.len()` bytes from `addr`, faulting pages in as needed.
@@ -32,7 +32,7 @@ impl AddressSpace {
     pub fn read(&self, addr: u64, buf: &mut [u8]) -> Result<()> {
         let s = &self.s;
         s.vm.with_ctx(|ctx| {
-            let phys = &ctx.m.phys;
+            let phys = &ctx.env.phys;
             s.access(ctx, Op::Read, addr, buf.len(), Access::Read, |pfn, off, at, n| {
                 phys.read_bytes(pfn, off, &mut buf[at..at + n])
             })
@@ -46,7 +46,7 @@ impl AddressSpace {
     pub fn write(&self, addr: u64, data: &[u8]) -> Result<()> {
         let s = &self.s;
         s.vm.with_ctx(|ctx| {
-            let phys = &ctx.m.phys;
+            let phys = &ctx.env.phys;
             s.access(ctx, Op::Write, addr, data.len(), Access::Write, |pfn, off, at, n| {
                 phys.write_bytes(pfn, off, &data[at..at + n])
             })
@@ -74,7 +74,7 @@ impl Space {
         access: Access,
         mut copy: impl FnMut(Pfn, usize, usize, usize),
     ) -> Result<()> {
-        let phys = &ctx.m.phys;
+        let phys = &ctx.env.phys;
         let hint = &self.zones.cpus[ctx.index.min(self.zones.cpus.len() - 1)].leaf_hint;
         let mut done = 0usize;
         while done < len {

@@ -88,7 +88,7 @@ impl AddressSpace {
         let s = &self.s;
         let mut out = Err(0);
         s.vm.with_ctx(|ctx| {
-            let phys = &ctx.m.phys;
+            let phys = &ctx.env.phys;
             s.access(ctx, Op::Atomic, addr, size as usize, Access::Write, |pfn, off, _, _| {
                 out = phys.update_value(pfn, off, size as usize, &mut f);
             })

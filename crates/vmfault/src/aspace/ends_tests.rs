@@ -8,8 +8,8 @@
 use std::sync::mpsc;
 
 use crate::config::{FaultPath, FreePath, VmConfig};
+use crate::machine::Vm;
 use crate::types::{MapFlags, PAGE_SIZE, Prot};
-use crate::vm::Vm;
 
 const PAGES: u64 = 16;
 

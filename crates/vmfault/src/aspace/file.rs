@@ -16,10 +16,10 @@ use super::vma::Lookup;
 use super::vma::Vma;
 use super::{AddressSpace, Space};
 use crate::error::{Error, Op, Result};
+use crate::machine::{Ctx, Machine};
 use crate::object::Object;
 use crate::stats::Counter;
 use crate::types::{MapFlags, MsyncFlags, PAGE_SIZE, Prot, is_page_aligned};
-use crate::vm::{Ctx, Machine};
 
 impl AddressSpace {
     /// Map `len` bytes of `file` from byte `offset` (page-aligned); returns

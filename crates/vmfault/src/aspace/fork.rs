@@ -32,10 +32,10 @@ use super::vma::{Lookup, VmaIndex};
 use super::vma::{Vma, VmaFlags};
 use super::{AddressSpace, Space};
 use crate::error::{Error, Op, Result};
+use crate::machine::Ctx;
 use crate::object::{Absorbed, Object};
 use crate::stats::Counter;
 use crate::types::Prot;
-use crate::vm::Ctx;
 
 impl AddressSpace {
     /// Fork this address space, as `fork(2)` does a process's memory: the
@@ -106,10 +106,11 @@ impl Space {
                 let object = match v.object.get() {
                     Some(o) if !v.is_shared() => {
                         if !fronts.iter().any(|(old, _)| Arc::ptr_eq(old, o)) {
-                            let front = Object::new_shadow(ctx, m, o, false).map_err(|_| nomem("a shadow object"))?;
+                            let front =
+                                Object::new_shadow(ctx, &m.env, o, false).map_err(|_| nomem("a shadow object"))?;
                             fronts.push((o.clone(), front));
                         }
-                        Some(Object::new_shadow(ctx, m, o, true).map_err(|_| nomem("a shadow object"))?)
+                        Some(Object::new_shadow(ctx, &m.env, o, true).map_err(|_| nomem("a shadow object"))?)
                     }
                     other => other.cloned(),
                 };

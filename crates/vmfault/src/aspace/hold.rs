@@ -30,11 +30,11 @@ use super::AddressSpace;
 use super::vma::Lookup;
 use crate::error::{Error, Op, Result};
 use crate::fault;
+use crate::machine::Vm;
 use crate::object::Object;
 use crate::phys::Pfn;
 use crate::pmap::{Pmap, Pte};
 use crate::types::{Access, PAGE_SIZE};
-use crate::vm::Vm;
 
 /// A page held by [`AddressSpace::hold`]: its frame stays allocated (and
 /// out of reach of reclaim) until this is dropped.
@@ -78,7 +78,7 @@ impl AddressSpace {
             return Err(crate::Error::Segv { addr, code: crate::SegvCode::MapErr });
         }
         s.vm.with_ctx(|ctx| {
-            let phys = &ctx.m.phys;
+            let phys = &ctx.env.phys;
             loop {
                 let held = {
                     let _section = ctx.rcu_read();

@@ -13,9 +13,9 @@
 use super::vma::VmaFlags;
 use super::{AddressSpace, MapHeld, Space};
 use crate::error::{Error, Op, Result};
+use crate::machine::Ctx;
 use crate::stats::Counter;
 use crate::types::{Advice, is_page_aligned, page_align_up};
-use crate::vm::Ctx;
 
 impl AddressSpace {
     /// Give advice about `addr..addr+len` (`len` rounded up).
@@ -117,7 +117,7 @@ impl Space {
     }
 
     fn dontneed(&self, ctx: &Ctx<'_>, start: u64, end: u64) -> Result<()> {
-        let phys = &ctx.m.phys;
+        let phys = &ctx.env.phys;
         let id = self.id();
         let mut frames = Vec::new();
         let mut ptes = 0;

@@ -35,9 +35,9 @@ use super::vma::VmaFlags;
 use super::{AddressSpace, Space};
 use crate::error::{Error, Op, Result};
 use crate::fault;
+use crate::machine::Ctx;
 use crate::stats::Counter;
 use crate::types::{Access, PAGE_SIZE, Prot};
-use crate::vm::Ctx;
 
 impl AddressSpace {
     /// Lock `addr..addr+len` in memory (`addr` rounded down to its page,
@@ -117,7 +117,7 @@ impl Space {
             if !lock {
                 // The VMAs were replaced and their read-lockers waited for
                 // (`MapWrite::carve`): no fault can add a wired PTE to them.
-                let phys = &ctx.m.phys;
+                let phys = &ctx.env.phys;
                 for v in map.overlapping(start, end).filter(|v| !v.flags.contains(VmaFlags::LOCKED)) {
                     self.pmap.update_range(phys, v.start.max(start), v.end.min(end), |_, pte| {
                         if !pte.is_wired() {
@@ -192,7 +192,7 @@ impl Space {
         end: u64,
         access: Access,
     ) -> Option<u64> {
-        let phys = &ctx.m.phys;
+        let phys = &ctx.env.phys;
         let pages = ((end - start) / PAGE_SIZE) as usize;
         let mut done = vec![false; pages];
         self.pmap.update_range(phys, start, end, |a, pte| {

@@ -12,10 +12,10 @@ use super::vma::{Lookup, VmaIndex};
 use super::vma::{Vma, VmaFlags};
 use super::{AddressSpace, MAX_MAP_COUNT, MapWrite, Space};
 use crate::error::{Error, Op, Result};
+use crate::machine::Ctx;
 use crate::object::Object;
 use crate::stats::Counter;
 use crate::types::{Access, MapFlags, PAGE_SHIFT, Prot, TASK_SIZE, is_page_aligned, page_align_up};
-use crate::vm::Ctx;
 
 impl AddressSpace {
     /// Map `len` bytes of anonymous memory; returns the address.
@@ -203,17 +203,19 @@ impl Space {
             (Some((f, _)), _) => {
                 let writable = file_access(f, op, shared && prot.contains(Prot::WRITE))?;
                 no_write = shared && !writable;
-                let o = Object::for_file(ctx, &self.vm.m, f)?;
+                let o = Object::for_file(ctx, &self.vm.m.env, f)?;
                 if shared && writable {
                     o.ensure_writer(f)?;
                 }
                 Some(match shared {
                     true => o,
-                    false => Object::new_shadow(ctx, &self.vm.m, &o, false)
+                    false => Object::new_shadow(ctx, &self.vm.m.env, &o, false)
                         .map_err(|_| nomem("a private file mapping's object"))?,
                 })
             }
-            (None, true) => Some(Object::new_anon(ctx, &self.vm.m).map_err(|_| nomem("a shared object's page index"))?),
+            (None, true) => {
+                Some(Object::new_anon(ctx, &self.vm.m.env).map_err(|_| nomem("a shared object's page index"))?)
+            }
             (None, false) => None,
         };
 

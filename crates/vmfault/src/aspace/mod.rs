@@ -48,13 +48,13 @@ use std::sync::{Arc, RwLockWriteGuard};
 
 use crate::config::FaultPath;
 use crate::error::{Error, Op, Result};
+use crate::machine::{Ctx, Vm};
 use crate::phys::Pfn;
 use crate::pmap::Pmap;
 use crate::stats::Counter;
 use crate::sync::rank::{self, Rank, Ranked};
 use crate::sync::rcu::RcuReadGuard;
 use crate::types::MappingInfo;
-use crate::vm::{Ctx, Vm};
 pub use hold::PageHold;
 use vma::{Lookup, Snapshot, SnapshotRef, Vma, VmaFlags, VmaIndex, VmaTree};
 pub(crate) use zones::{HeldView, MapHeld, MapRead, Zones};
@@ -104,7 +104,7 @@ pub struct AddressSpace {
 #[derive(Debug)]
 pub(crate) struct Space {
     /// `[I]` the machine.
-    pub(crate) vm: crate::vm::Handle,
+    pub(crate) vm: crate::machine::Handle,
     /// `[S]` the map locks, each over the VMAs of its zone, with their
     /// snapshots, and the per-vCPU retired snapshots and VMA counts
     /// (`zones.rs`).
@@ -325,7 +325,7 @@ impl AddressSpace {
                 takeover_missed: std::sync::atomic::AtomicBool::new(false),
             }
         });
-        rank::lock(&vm.m.spaces, Rank::Leaf).insert(s.id(), Arc::downgrade(&s));
+        s.register();
         Ok(AddressSpace { s, vm })
     }
 
@@ -672,7 +672,7 @@ impl Space {
     /// spares.
     pub(crate) fn drop_removed(&self, ctx: &Ctx<'_>, removed: vma::Removed, unlinked: crate::sync::rcu::GpCookie) {
         let ends = || removed.iter().any(|v| v.object.get().is_some());
-        if ctx.m.rcu.elapsed(unlinked) || (ends() && ctx.m.rcu.poll(unlinked)) {
+        if ctx.env.rcu.elapsed(unlinked) || (ends() && ctx.env.rcu.poll(unlinked)) {
             aged(ctx, || removed.into_iter().for_each(spares::release_vma));
         } else {
             removed.into_iter().for_each(spares::release_vma);
@@ -687,7 +687,7 @@ impl Space {
 /// list until they are placed, so an allocation that finds nothing waits
 /// for them rather than report `ENOMEM`.
 fn aged(ctx: &Ctx<'_>, drop_them: impl FnOnce()) {
-    let d = ctx.m.phys.deferred.as_ref();
+    let d = ctx.env.phys.deferred.as_ref();
     let _dropping = d.map(|d| d.dropping_here(ctx.index.min(d.unowned())));
     let freed = crate::object::dropping_aged(drop_them);
     ctx.frames().free_aged(&freed);
@@ -698,12 +698,38 @@ fn aged(ctx: &Ctx<'_>, drop_them: impl FnOnce()) {
 /// Called under the PTE lock, from zap callbacks. A page whose last
 /// reference that was (it left its object while wired) goes on the
 /// machine's orphan list, freed by the operation's `finish`.
-pub(crate) fn pte_cleared(m: &crate::vm::Machine, id: u64, addr: u64, old: crate::pmap::Pte) {
+pub(crate) fn pte_cleared(m: &crate::machine::Machine, id: u64, addr: u64, old: crate::pmap::Pte) {
     if m.config.rmap == crate::config::Rmap::PvEntry && old.pfn() != m.phys.zero_pfn() {
         m.pv.remove(old.pfn(), crate::object::Pv { space: id, addr });
     }
     if old.is_wired() && m.phys.unwire(old.pfn(), None) {
         m.orphan(old.pfn());
+    }
+}
+
+impl Space {
+    /// Enter this space in its machine's registry of address spaces
+    /// (`Machine::spaces`, type-erased there: the machine is below this
+    /// layer), where [`by_id`](Space::by_id) and [`registered`](Space::registered) find it.
+    fn register(self: &Arc<Space>) {
+        let any: Arc<dyn std::any::Any + Send + Sync> = self.clone();
+        rank::lock(&self.vm.m.spaces, Rank::Leaf).insert(self.id(), Arc::downgrade(&any));
+    }
+
+    /// The live space with id `id` on `m`, if any (pv entries and backing
+    /// records name spaces by id).
+    pub(crate) fn by_id(m: &crate::machine::Machine, id: u64) -> Option<Arc<Space>> {
+        let any = rank::lock(&m.spaces, Rank::Leaf).get(&id)?.upgrade()?;
+        Some(any.downcast::<Space>().expect("the registry holds address spaces only"))
+    }
+
+    /// The live spaces of `m`.
+    pub(crate) fn registered(m: &crate::machine::Machine) -> Vec<Arc<Space>> {
+        let map = rank::lock(&m.spaces, Rank::Leaf);
+        map.values()
+            .filter_map(|w| w.upgrade())
+            .map(|a| a.downcast::<Space>().expect("the registry holds address spaces only"))
+            .collect()
     }
 }
 

@@ -21,9 +21,9 @@ use super::vma::{Lookup, VmaIndex};
 use super::vma::{Vma, VmaFlags};
 use super::{AddressSpace, MapWrite, Space};
 use crate::error::{Error, Op, Result};
+use crate::machine::Ctx;
 use crate::stats::Counter;
 use crate::types::{Prot, is_page_aligned, page_align_up};
-use crate::vm::Ctx;
 
 impl AddressSpace {
     /// Change the protection of `addr..addr+len` (`len` rounded up).
@@ -195,7 +195,7 @@ impl Space {
                 if prot != vma.prot {
                     let changed = self
                         .pmap
-                        .protect(&ctx.m.phys, pos, stop, prot, |a, pte| super::pte_cleared(ctx.m, self.id(), a, pte));
+                        .protect(&ctx.env.phys, pos, stop, prot, |a, pte| super::pte_cleared(ctx.m, self.id(), a, pte));
                     if prot.is_empty() {
                         ctx.count_n(Counter::pages_unmapped, changed);
                     }

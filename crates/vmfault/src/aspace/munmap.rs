@@ -13,10 +13,10 @@ use super::vma::Lookup;
 use super::vma::{Removed, Vma};
 use super::{AddressSpace, MapWrite, Space};
 use crate::error::{Error, Op, Result};
+use crate::machine::Ctx;
 use crate::phys::Pfn;
 use crate::stats::Counter;
 use crate::types::{TASK_SIZE, is_page_aligned, page_align_up};
-use crate::vm::Ctx;
 
 impl AddressSpace {
     /// Remove the mappings in `addr..addr+len` (`len` rounded up to pages).
@@ -67,7 +67,7 @@ impl Space {
     /// then the write-back of removed shared file mappings, then the
     /// removed VMAs dropped (`drop_removed`).
     pub(super) fn end_removal(&self, ctx: &Ctx<'_>, ptes: u64, frames: &[Pfn], carved: Removed) {
-        let unlinked = ctx.m.rcu.cookie();
+        let unlinked = ctx.env.rcu.cookie();
         let geo = self.zones.geo();
         let gone = carved.iter().filter(|v| v.object.get().is_some()).fold(0, |m, v| m | geo.zone_bits(v.start, v.end));
         self.finish(ctx, ptes, frames, gone);
@@ -118,7 +118,7 @@ impl Space {
         frames: &mut Vec<Pfn>,
         prune: bool,
     ) -> u64 {
-        let phys = &ctx.m.phys;
+        let phys = &ctx.env.phys;
         let id = self.id();
         let mut ptes = 0;
         for v in carved {

@@ -24,12 +24,12 @@ use std::sync::Arc;
 use super::vma::Lookup;
 use super::{AddressSpace, Space};
 use crate::config::Rmap;
+use crate::machine::Machine;
 use crate::object::{ObjRmap, Object};
 use crate::phys::Pfn;
 use crate::pmap::Pte;
 use crate::stats::Counter;
 use crate::types::{PAGE_SIZE, Prot};
-use crate::vm::Machine;
 
 /// The (space, address) pairs that may map `pfn`, page `pindex` of `o`.
 fn candidates(m: &Machine, o: &Arc<Object>, pindex: u64, pfn: Pfn) -> Vec<(Arc<Space>, u64)> {
@@ -39,8 +39,7 @@ fn candidates(m: &Machine, o: &Arc<Object>, pindex: u64, pfn: Pfn) -> Vec<(Arc<S
     };
     // Both name spaces by id (no reference: a count every vCPU of the space
     // would write per mapping), found here in the machine's registry.
-    let spaces = crate::sync::rank::lock(&m.spaces, crate::sync::rank::Rank::Leaf);
-    found.into_iter().filter_map(|(id, addr)| Some((spaces.get(&id)?.upgrade()?, addr))).collect()
+    found.into_iter().filter_map(|(id, addr)| Some((Space::by_id(m, id)?, addr))).collect()
 }
 
 /// Apply `f` to every PTE that maps one of `pages` (index in `o`, frame),
@@ -142,7 +141,7 @@ impl AddressSpace {
                 let map = s.map_read(ctx, addr, addr + PAGE_SIZE);
                 let section = ctx.rcu_read();
                 let v = map.find(addr);
-                let pte = s.pmap.translate(&ctx.m.phys, addr, crate::Access::Read);
+                let pte = s.pmap.translate(&ctx.env.phys, addr, crate::Access::Read);
                 v.and_then(|v| Some((v.object.get()?.clone(), v.pindex(addr), pte?)))
                     .map(|(o, i, pfn)| (owner_of(&o, i, pfn, &section), i, pfn))
             };
@@ -155,7 +154,7 @@ impl AddressSpace {
             ctx.count_n(Counter::pages_unmapped, cleared);
             if cleared > 0 {
                 ctx.count(Counter::tlb_shootdowns);
-                ctx.m.rcu.grace_period();
+                ctx.env.rcu.grace_period();
             }
             Ok(cleared)
         })

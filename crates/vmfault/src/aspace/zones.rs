@@ -300,7 +300,7 @@ impl super::Space {
     /// exact when no change is in flight there.
     pub(crate) fn adjacent(
         &self,
-        ctx: &crate::vm::Ctx<'_>,
+        ctx: &crate::machine::Ctx<'_>,
         map: &impl MapHeld,
         vma: &Vma,
     ) -> (Option<Arc<Vma>>, Option<Arc<Vma>>) {

@@ -29,18 +29,18 @@ use crate::aspace::Space;
 use crate::aspace::vma::{Vma, VmaFlags};
 use crate::config::Rmap;
 use crate::error::{Error, Result};
+use crate::machine::Ctx;
 use crate::object::{Found, Insert, Object, Pv, Slot};
 use crate::phys::{Frames, OwnedFrame, Pfn};
 use crate::pmap::{Leaf, Pmap, Pte};
 use crate::stats::Counter;
 use crate::sync::spin::WordGuard;
 use crate::types::{Access, PAGE_SHIFT, PAGE_SIZE, Prot};
-use crate::vm::Ctx;
 
 /// Whether `fault` in `vma` may need a new page (and so the VMA's object):
 /// anything but a read of untouched private memory, which maps the zero page.
 pub(super) fn may_allocate(ctx: &Ctx<'_>, vma: &Vma, fault: &Fault) -> bool {
-    fault.access == Access::Write || vma.is_shared() || !ctx.m.config.zero_page
+    fault.access == Access::Write || vma.is_shared() || !ctx.env.config.zero_page
 }
 
 /// Resolve `fault` in a VMA that cannot change meanwhile; `object` is the
@@ -59,7 +59,7 @@ pub(super) fn resolve_stable(
     fault: Fault,
     f: &mut impl FnMut(Pfn),
 ) -> Result<Resolved> {
-    let phys = &ctx.m.phys;
+    let phys = &ctx.env.phys;
     let nomem = |what| Error::NoMemory { op: fault.op, what };
     let pindex = vma.pindex(fault.addr);
     let frames = ctx.frames();
@@ -163,7 +163,7 @@ pub(super) fn resolve_stable(
 /// lock. A page that left its object meanwhile goes to the orphans, freed
 /// by the next operation's `finish`.
 struct ReadIn<'a> {
-    m: &'a crate::vm::Machine,
+    m: &'a crate::machine::Machine,
     pfn: Pfn,
 }
 
@@ -394,7 +394,7 @@ pub(super) fn commit_locked(
     if file && write && pte.allows(Access::Write) {
         c.object.expect("file").mark_dirty(c.pindex);
     }
-    if ctx.m.config.rmap == Rmap::PvEntry {
+    if ctx.env.config.rmap == Rmap::PvEntry {
         pv_replace_locked(_ptl, ctx, c.space, fault.addr, cur, pfn);
     }
     // Release pairs with the Acquire of `Pmap::translate`: the page's
@@ -410,17 +410,17 @@ pub(super) fn commit_locked(
 /// # Preconditions
 /// The PTE lock of `addr` is held (`_ptl`, its guard).
 fn pv_replace_locked(_ptl: &WordGuard<'_>, ctx: &Ctx<'_>, space: &Space, addr: u64, old: Pte, pfn: Pfn) {
-    let phys = &ctx.m.phys;
+    let phys = &ctx.env.phys;
     let pv = Pv { space: space.id(), addr: addr & !(PAGE_SIZE - 1) };
     let had = old.is_present().then(|| old.pfn()).filter(|&p| p != phys.zero_pfn());
     if had == Some(pfn) {
         return;
     }
     if let Some(p) = had {
-        ctx.m.pv.remove(p, pv);
+        ctx.env.pv.remove(p, pv);
     }
     if pfn != phys.zero_pfn() {
-        ctx.m.pv.add(pfn, pv);
+        ctx.env.pv.add(pfn, pv);
     }
 }
 
@@ -453,7 +453,7 @@ pub(super) fn prepare<'v>(
         .or_else(|| prev.filter(|p| compatible(p, vma)).and_then(|p| p.object.get().cloned()));
     let object = match reuse {
         Some(o) => o,
-        None => Object::new_anon(ctx, &space.vm.m).map_err(|_| ())?,
+        None => Object::new_anon(ctx, &space.vm.m.env).map_err(|_| ())?,
     };
     let owner = map.owner();
     if let Some(owner) = owner {

@@ -9,9 +9,9 @@ use super::{Fault, Resolved, anon};
 use crate::aspace::Space;
 use crate::aspace::vma::Lookup;
 use crate::error::{Error, Result, SegvCode};
+use crate::machine::Ctx;
 use crate::phys::Pfn;
 use crate::types::TASK_SIZE;
-use crate::vm::Ctx;
 
 /// Find the VMA, check the access, and resolve the fault under the map lock.
 pub(super) fn fault(ctx: &Ctx<'_>, space: &Space, fault: Fault, f: &mut impl FnMut(Pfn)) -> Result<Resolved> {

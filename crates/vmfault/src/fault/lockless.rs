@@ -11,10 +11,10 @@ use super::anon::{self, Fresh};
 use super::{Abort, Fault};
 use crate::aspace::Space;
 use crate::aspace::vma::Vma;
+use crate::machine::Ctx;
 use crate::object::{Found, Object};
 use crate::phys::Frames;
 use crate::sync::rcu::RcuReadGuard;
-use crate::vm::Ctx;
 
 /// The VMA of `fault` in the snapshot published to `section`, if `live`
 /// says it holds (the path's own test), and its object: a fault that may

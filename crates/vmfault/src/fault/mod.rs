@@ -45,12 +45,12 @@ mod vma_lock;
 use crate::aspace::Space;
 use crate::config::FaultPath;
 use crate::error::{Error, Op, Result, SegvCode};
+use crate::machine::Ctx;
 use crate::phys::Pfn;
 use crate::pmap::Missed;
 use crate::stats::Counter;
 use crate::sync::rcu::RcuReadGuard;
 use crate::types::Access;
-use crate::vm::Ctx;
 
 /// What the fault path resolved: the frame now mapped, and how.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -199,7 +199,7 @@ pub(crate) fn handle_looked(
 ) -> Result<()> {
     ctx.count(Counter::faults);
     let fault = Fault { addr, access, op };
-    let path = ctx.m.config.fault_path;
+    let path = ctx.env.config.fault_path;
     let resolved = match path {
         FaultPath::Speculative => match speculative::fault(ctx, space, fault, looked, &mut f) {
             Ok(r) => {
@@ -243,7 +243,7 @@ pub(crate) fn handle_looked(
 #[cold]
 #[inline(never)]
 fn fell_back(ctx: &Ctx<'_>, space: &Space, fault: Fault, why: Abort, f: &mut impl FnMut(Pfn)) -> Result<Resolved> {
-    let path = ctx.m.config.fault_path;
+    let path = ctx.env.config.fault_path;
     if path == FaultPath::VmaLock {
         ctx.count(Counter::vma_lock_fallbacks);
     } else if let Some(c) = why.counter() {

@@ -27,10 +27,10 @@ use super::anon::{self, Commit};
 use super::lockless::{self, Prepared};
 use super::{Abort, Fault, Looked, Resolved};
 use crate::aspace::Space;
+use crate::machine::Ctx;
 use crate::phys::Pfn;
 use crate::stats::Counter;
 use crate::sync::spin;
-use crate::vm::Ctx;
 
 /// Try to resolve `fault` without the map lock.
 /// `looked`: the software MMU's section and walk, to go on from (the
@@ -43,7 +43,7 @@ pub(super) fn fault(
     looked: Option<Looked<'_>>,
     f: &mut impl FnMut(Pfn),
 ) -> Result<Resolved, Abort> {
-    let phys = &ctx.m.phys;
+    let phys = &ctx.env.phys;
     let frames = ctx.frames();
     let (section, missed) = match looked {
         Some(l) => (l.section, Some(l.missed)),

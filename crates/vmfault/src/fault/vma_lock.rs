@@ -23,10 +23,10 @@ use super::lockless::{self, Prepared};
 use super::{Abort, Fault, Resolved};
 use crate::aspace::Space;
 use crate::error::{Result, SegvCode};
+use crate::machine::Ctx;
 use crate::phys::Pfn;
 use crate::pmap::Pmap;
 use crate::stats::Counter;
-use crate::vm::Ctx;
 
 /// Resolve `fault` under the VMA's read lock; `Err` means fall back.
 pub(super) fn fault(

@@ -45,13 +45,13 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Condvar, Mutex, Weak};
 
+use super::{Cx, Env};
 use super::{DIRTY, Entry, Insert, Object, SwapOut, WRITEBACK};
 use crate::error::{Error, Op, Result};
 use crate::phys::{Frames, OwnedFrame, Pfn};
 use crate::pmap::OutOfFrames;
 use crate::sync::rank::{self, Rank};
 use crate::types::{PAGE_SHIFT, PAGE_SIZE};
-use crate::vm::{Ctx, Machine};
 
 /// What a file object knows of its file.
 #[derive(Debug)]
@@ -127,7 +127,7 @@ fn host(call: &'static str, e: &std::io::Error) -> Error {
 impl Object {
     /// The object of `file` (the one every mapping of it shares), made on
     /// first use.
-    pub(crate) fn for_file(ctx: &Ctx<'_>, m: &Arc<Machine>, file: &File) -> Result<Arc<Object>> {
+    pub(crate) fn for_file(ctx: &Cx<'_>, m: &Arc<Env>, file: &File) -> Result<Arc<Object>> {
         let meta = file.metadata().map_err(|e| host("fstat", &e))?;
         let key = (meta.dev(), meta.ino());
         let mut map = rank::lock(&m.files.map, Rank::Files);
@@ -175,11 +175,11 @@ impl Object {
     /// no second copy can exist meanwhile).
     ///
     /// Call outside any RCU section (it allocates, and it does I/O).
-    pub(crate) fn fill(&self, ctx: &Ctx<'_>, op: Op, addr: u64, pindex: u64) -> Result<()> {
+    pub(crate) fn fill(&self, ctx: &Cx<'_>, op: Op, addr: u64, pindex: u64) -> Result<()> {
         let frames = ctx.frames();
         let nomem = |what| Error::NoMemory { op, what };
         let slot = self
-            .reserve(&frames, pindex, &ctx.own.index_hint)
+            .reserve(&frames, pindex, ctx.index_hint)
             .map_err(|_: OutOfFrames| nomem("an object's page-index node"))?;
         loop {
             // Acquire: a write-back before the eviction that left this
@@ -206,7 +206,7 @@ impl Object {
         let mut frame = match frames.alloc() {
             Some(f) => f,
             // The cached files hold frames nobody maps: let them go first.
-            None if self.m.files.drop_cached() > 0 => frames.alloc().ok_or(nomem("a data page"))?,
+            None if self.env.files.drop_cached() > 0 => frames.alloc().ok_or(nomem("a data page"))?,
             None => return Err(nomem("a data page")),
         };
         let buf = frames.phys().owned_bytes(&mut frame);
@@ -257,7 +257,7 @@ impl Object {
 
     /// A shared mapping may write page `pindex` from now on.
     pub(crate) fn mark_dirty(&self, pindex: u64) {
-        if let Some(leaf) = self.index.leaf(&self.m.phys, pindex) {
+        if let Some(leaf) = self.index.leaf(&self.env.phys, pindex) {
             leaf.entry.fetch_or(DIRTY, std::sync::atomic::Ordering::Relaxed);
         }
     }
@@ -301,10 +301,10 @@ impl Object {
             }
         };
         match only {
-            None => self.index.for_each_present(&self.m.phys, start, end, |i, leaf| take(i, leaf.entry)),
+            None => self.index.for_each_present(&self.env.phys, start, end, |i, leaf| take(i, leaf.entry)),
             Some(list) => {
                 for &i in list {
-                    if let Some(leaf) = self.index.leaf(&self.m.phys, i) {
+                    if let Some(leaf) = self.index.leaf(&self.env.phys, i) {
                         take(i, leaf.entry);
                     }
                 }
@@ -321,7 +321,7 @@ impl Object {
         let Some(fd) = &self.file else { return };
         let _g = rank::lock(&fd.ended, Rank::Leaf);
         for &(i, _) in pages {
-            if let Some(leaf) = self.index.leaf(&self.m.phys, i) {
+            if let Some(leaf) = self.index.leaf(&self.env.phys, i) {
                 leaf.entry.fetch_and(!WRITEBACK, std::sync::atomic::Ordering::AcqRel);
             }
         }
@@ -333,7 +333,7 @@ impl Object {
         let under_way = || {
             indexes.iter().any(|&i| {
                 self.index
-                    .leaf(&self.m.phys, i)
+                    .leaf(&self.env.phys, i)
                     .is_some_and(|l| Entry::load(l.entry, std::sync::atomic::Ordering::Acquire).under_writeback())
             })
         };
@@ -439,7 +439,7 @@ impl Object {
             for &(_, pfn) in &pages[n..n + run] {
                 let at = buf.len();
                 buf.resize(at + PAGE_SIZE as usize, 0);
-                self.m.phys.read_bytes(pfn, 0, &mut buf[at..]);
+                self.env.phys.read_bytes(pfn, 0, &mut buf[at..]);
             }
             let len = (size - offset).min(buf.len() as u64) as usize;
             if len < buf.len() && !len.is_multiple_of(PAGE_SIZE as usize) {
@@ -450,7 +450,7 @@ impl Object {
                 // load after an msync reads zeros.
                 let (k, at) = (len / PAGE_SIZE as usize, len % PAGE_SIZE as usize);
                 let zeros = vec![0u8; PAGE_SIZE as usize - at];
-                self.m.phys.write_bytes(pages[n + k].1, at, &zeros);
+                self.env.phys.write_bytes(pages[n + k].1, at, &zeros);
             }
             let written = match &*rank::lock(&fd.writer, Rank::Leaf) {
                 Some(w) => w.write_all_at(&buf[..len], offset),
@@ -476,7 +476,7 @@ impl Object {
     pub(crate) fn evict_file_page(&self, pindex: u64, pfn: Pfn) -> SwapOut {
         use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
         let Some(fd) = &self.file else { return SwapOut::Lost };
-        let Some(leaf) = self.index.leaf(&self.m.phys, pindex) else { return SwapOut::Lost };
+        let Some(leaf) = self.index.leaf(&self.env.phys, pindex) else { return SwapOut::Lost };
         let mut e = Entry::load(leaf.entry, Acquire);
         if !e.maps(pfn) {
             return SwapOut::Lost;
@@ -497,7 +497,7 @@ impl Object {
                 self.end_writeback(&[(pindex, pfn)]);
                 return SwapOut::Lost;
             }
-            self.m.daemon.file_writebacks.fetch_add(1, Relaxed);
+            self.env.daemon.file_writebacks.fetch_add(1, Relaxed);
             e = taken;
         }
         // Isolated: no fault can dirty it again, so the entry is still `e`
@@ -528,7 +528,7 @@ impl Object {
             tracing::error!(target: "vmfault::file", error = %e, "write-back of a file object lost data at its end");
         }
         let key = self.file.as_ref().expect("a file object").key;
-        let files = &self.m.files;
+        let files = &self.env.files;
         let mut map = rank::lock(&files.map, Rank::Files);
         if map.get(&key).is_some_and(|w| w.strong_count() == 0) {
             map.remove(&key);

@@ -48,11 +48,13 @@
 //! that a read from the file that began before the eviction cannot be
 //! inserted after it (`file.rs`, `fill`).
 
+mod env;
 mod file;
 mod rmap;
 mod shadow;
 mod swap;
 
+pub(crate) use env::{Cx, Env};
 pub(crate) use file::{FileData, Files};
 pub(crate) use rmap::{BackingKey, ObjRmap, Pv, PvTable, RmapTotals};
 pub(crate) use shadow::{Absorbed, Found};
@@ -64,7 +66,6 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use crate::phys::{Frames, Kind, OwnedFrame, PageQueues, Pfn, Queue};
 use crate::pmap::{OutOfFrames, Radix};
 use crate::sync::rcu::RcuBox;
-use crate::vm::{Ctx, Machine};
 
 /// A VM object.
 #[derive(Debug)]
@@ -74,7 +75,7 @@ pub(crate) struct Object {
     /// `[I]` root; entries `[a]` (see the module docs).
     index: Radix,
     /// `[I]` the machine, to free pages when the object dies.
-    m: Arc<Machine>,
+    env: Arc<Env>,
     /// `[a]` (RCU) the object below, for shadow objects: read inside a
     /// section; replaced only by a collapse (`shadow.rs`), under the map
     /// lock of the one space whose VMAs map this object.
@@ -205,13 +206,13 @@ impl Entry {
 
 impl Object {
     /// A new anonymous object.
-    pub(crate) fn new_anon(ctx: &Ctx<'_>, m: &Arc<Machine>) -> Result<Arc<Object>, OutOfFrames> {
+    pub(crate) fn new_anon(ctx: &Cx<'_>, m: &Arc<Env>) -> Result<Arc<Object>, OutOfFrames> {
         Self::with_backing(ctx, m, None, false, None)
     }
 
     fn with_backing(
-        ctx: &Ctx<'_>,
-        m: &Arc<Machine>,
+        ctx: &Cx<'_>,
+        m: &Arc<Env>,
         below: Option<Arc<Object>>,
         inherited: bool,
         file: Option<FileData>,
@@ -229,7 +230,7 @@ impl Object {
             Object {
                 id,
                 index,
-                m: m.clone(),
+                env: m.clone(),
                 backing: RcuBox::new(below),
                 shadows: AtomicU32::new(0),
                 lock: std::sync::Mutex::new(()),
@@ -252,7 +253,7 @@ impl Object {
     fn entry(&self, pindex: u64) -> Entry {
         // Acquire pairs with the Release CAS in `insert`: the page's
         // contents were complete before it was published.
-        self.index.leaf(&self.m.phys, pindex).map_or(Entry::NONE, |leaf| Entry::load(leaf.entry, Ordering::Acquire))
+        self.index.leaf(&self.env.phys, pindex).map_or(Entry::NONE, |leaf| Entry::load(leaf.entry, Ordering::Acquire))
     }
 
     /// Make sure the index has a slot for `pindex`, allocating index nodes
@@ -357,7 +358,7 @@ impl Object {
     /// shadow object's holes are made by `punch_locked`, which calls this).
     pub(crate) fn remove_range(&self, start: u64, end: u64, out: &mut Vec<Pfn>) -> u64 {
         let mut n = 0;
-        self.index.for_each_present(&self.m.phys, start, end, |_, leaf| {
+        self.index.for_each_present(&self.env.phys, start, end, |_, leaf| {
             if !Entry::load(leaf.entry, Ordering::Relaxed).owns() {
                 return;
             }
@@ -377,7 +378,7 @@ impl Object {
     /// push the frame onto `out` (to free after a grace period) unless a
     /// wiring keeps it.
     pub(crate) fn release(&self, pfn: Pfn, out: &mut Vec<Pfn>) {
-        if self.m.phys.page(pfn).refs.release_objref() {
+        if self.env.phys.page(pfn).refs.release_objref() {
             out.push(pfn);
         }
     }
@@ -437,22 +438,22 @@ pub(crate) enum Insert {
 
 impl Drop for Object {
     fn drop(&mut self) {
-        self.m.reclaimable.remove(self.id);
+        self.env.reclaimable.remove(self.id);
         if self.file.is_some() {
             self.drop_file();
         }
-        self.rmap.clear(&self.m);
+        self.rmap.clear(&self.env);
         if let Some(b) = self.backing.get_mut().take() {
             b.shadows.fetch_sub(1, Ordering::Relaxed);
         }
         let mut frames = Vec::new();
         let mut leaves = Vec::new();
         if self.file.is_some() {
-            self.index.teardown(&self.m.phys, &mut frames, Some(&mut leaves));
+            self.index.teardown(&self.env.phys, &mut frames, Some(&mut leaves));
         } else {
             // An anonymous object's entries all lie in its leaves' spans:
             // its nodes are freed cleared, and not zeroed again.
-            self.index.teardown_cleared(&self.m.phys, &mut frames, &mut leaves);
+            self.index.teardown_cleared(&self.env.phys, &mut frames, &mut leaves);
         }
         for e in leaves.into_iter().map(Entry) {
             if let Some(pfn) = e.pfn() {
@@ -471,7 +472,7 @@ impl Drop for Object {
             .try_with(|s| s.borrow_mut().as_mut().map(|v| v.extend_from_slice(&frames)).is_some())
             .unwrap_or(false);
         if !sunk {
-            self.m.phys.free_later(&self.m.rcu, &frames);
+            self.env.phys.free_later(&self.env.rcu, &frames);
         }
     }
 }

@@ -38,10 +38,10 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
+use super::Env;
 use super::Object;
 use crate::phys::Pfn;
 use crate::sync::rank::{self, Rank, Ranked};
-use crate::vm::Machine;
 
 /// A backing record's identity: (space id, first address, end, page offset).
 pub(crate) type BackingKey = (u64, u64, u64, u64);
@@ -132,7 +132,7 @@ impl ObjRmap {
     }
 
     /// Run `f` on the list, accounting for its change in size.
-    fn change<R>(&self, m: &Machine, f: impl FnOnce(&mut Inner) -> (R, i64)) -> R {
+    fn change<R>(&self, m: &Env, f: impl FnOnce(&mut Inner) -> (R, i64)) -> R {
         let mut g = self.lock();
         let before = g.footprint();
         let (r, records) = f(&mut g);
@@ -143,7 +143,7 @@ impl ObjRmap {
     }
 
     /// Record a mapping of this object.
-    fn link(&self, m: &Machine, key: BackingKey) {
+    fn link(&self, m: &Env, key: BackingKey) {
         self.change(m, |g| {
             *g.backings.entry(key).or_insert(0) += 1;
             ((), 1)
@@ -151,7 +151,7 @@ impl ObjRmap {
     }
 
     /// Forget one record of a mapping (one that `link` added).
-    fn unlink(&self, m: &Machine, key: BackingKey) {
+    fn unlink(&self, m: &Env, key: BackingKey) {
         self.change(m, |g| {
             let gone = match g.backings.get_mut(&key) {
                 Some(e) if *e > 1 => {
@@ -176,7 +176,7 @@ impl ObjRmap {
     }
 
     /// Link a new shadow object (called as it is built on top of this one).
-    pub(crate) fn add_shadow(&self, m: &Machine, shadow: Weak<Object>) {
+    pub(crate) fn add_shadow(&self, m: &Env, shadow: Weak<Object>) {
         self.change(m, |g| {
             g.shadows.retain(|w| w.strong_count() > 0);
             g.shadows.push(shadow);
@@ -185,7 +185,7 @@ impl ObjRmap {
     }
 
     /// Give back what the list holds (the object is going away).
-    pub(crate) fn clear(&self, m: &Machine) {
+    pub(crate) fn clear(&self, m: &Env) {
         self.change(m, |g| {
             let n: u32 = g.backings.values().sum();
             *g = Inner::default();
@@ -218,12 +218,12 @@ impl Object {
     /// Record a mapping of `key`'s range of this object (by the space
     /// `key` names).
     pub(crate) fn link(&self, key: BackingKey) {
-        self.rmap.link(&self.m, key);
+        self.rmap.link(&self.env, key);
     }
 
     /// Forget one record of `key` (the mapping left its space's index).
     pub(crate) fn unlink(&self, key: BackingKey) {
-        self.rmap.unlink(&self.m, key);
+        self.rmap.unlink(&self.env, key);
     }
 }
 

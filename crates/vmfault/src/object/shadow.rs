@@ -40,11 +40,11 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use super::{Cx, Env};
 use super::{Entry, Object, Slot};
 use crate::phys::Pfn;
 use crate::pmap::OutOfFrames;
 use crate::sync::rcu::{RcuReadGuard, Retired};
-use crate::vm::{Ctx, Machine};
 
 /// Where [`Object::find`] found a page.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,8 +73,8 @@ impl Object {
     /// A new shadow object in front of `below`; `child` for the child
     /// side of a fork (see [`Object::inherited`]).
     pub(crate) fn new_shadow(
-        ctx: &Ctx<'_>,
-        m: &Arc<Machine>,
+        ctx: &Cx<'_>,
+        m: &Arc<Env>,
         below: &Arc<Object>,
         child: bool,
     ) -> Result<Arc<Object>, OutOfFrames> {
@@ -181,7 +181,7 @@ impl Object {
             // A file's pages show through holes: they need none.
             let (next, ()) = o.backing.read_then(section, || {
                 if !o.is_file() {
-                    o.index.for_each_present(&self.m.phys, start, end, |i, _| out.push(i));
+                    o.index.for_each_present(&self.env.phys, start, end, |i, _| out.push(i));
                 }
             });
             match next {
@@ -198,7 +198,7 @@ impl Object {
     /// Allocate the index nodes that [`punch_locked`](Object::punch_locked)
     /// of `start..end` will need for its holes.
     /// Allocates outside any read-side section (it may drain the caches).
-    pub(crate) fn reserve_holes(&self, ctx: &Ctx<'_>, start: u64, end: u64) -> Result<(), OutOfFrames> {
+    pub(crate) fn reserve_holes(&self, ctx: &Cx<'_>, start: u64, end: u64) -> Result<(), OutOfFrames> {
         let wanted = {
             let section = ctx.rcu_read();
             self.shown_below(start, end, &section)
@@ -219,14 +219,14 @@ impl Object {
     ///   and its PTEs in the range are cleared.
     /// - [`reserve_holes`](Object::reserve_holes) ran for the range under
     ///   the same lock hold (holes then never allocate).
-    pub(crate) fn punch_locked(&self, ctx: &Ctx<'_>, start: u64, end: u64, out: &mut Vec<Pfn>) -> u64 {
+    pub(crate) fn punch_locked(&self, ctx: &Cx<'_>, start: u64, end: u64, out: &mut Vec<Pfn>) -> u64 {
         let n = self.remove_range(start, end, out);
         let holes = {
             let section = ctx.rcu_read();
             self.shown_below(start, end, &section)
         };
         for i in holes {
-            let leaf = self.index.leaf(&self.m.phys, i).expect("reserve_holes allocated the node");
+            let leaf = self.index.leaf(&self.env.phys, i).expect("reserve_holes allocated the node");
             // Empty after remove_range: no fault inserts under the write lock.
             leaf.entry.store(Entry::HOLE.bits(), Ordering::Release);
         }
@@ -253,7 +253,7 @@ impl Object {
     /// their final check, their read-lockers were waited for).
     pub(crate) fn collapse_locked(
         self: &Arc<Self>,
-        ctx: &Ctx<'_>,
+        ctx: &Cx<'_>,
         out: &mut Vec<Pfn>,
         absorbed: &mut Vec<Absorbed>,
     ) -> Result<u32, OutOfFrames> {
@@ -281,7 +281,7 @@ impl Object {
 /// `level` absorbs `below` (see [`Object::collapse_locked`]); `None` if the
 /// chain changed meanwhile.
 fn absorb(
-    ctx: &Ctx<'_>,
+    ctx: &Cx<'_>,
     level: &Arc<Object>,
     below: &Arc<Object>,
     out: &mut Vec<Pfn>,
@@ -338,9 +338,9 @@ fn absorb(
     };
     if let Some(d) = &deeper {
         d.shadows.fetch_add(1, Ordering::Relaxed);
-        d.rmap.add_shadow(&level.m, Arc::downgrade(level));
+        d.rmap.add_shadow(&level.env, Arc::downgrade(level));
     }
-    Ok(Some(level.backing.replace(&level.m.rcu, deeper)))
+    Ok(Some(level.backing.replace(&level.env.rcu, deeper)))
 }
 
 /// An object absorbed by a collapse, waiting for a grace period: walkers
@@ -362,7 +362,7 @@ impl Absorbed {
         // has elapsed (leftovers would only leak).
         debug_assert!(olds.is_empty(), "a grace period has passed");
         for o in objects {
-            o.index.for_each_present(&o.m.phys, 0, u64::MAX, |_, leaf| leaf.entry.store(0, Ordering::Relaxed));
+            o.index.for_each_present(&o.env.phys, 0, u64::MAX, |_, leaf| leaf.entry.store(0, Ordering::Relaxed));
         }
     }
 }

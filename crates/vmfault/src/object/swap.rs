@@ -32,12 +32,12 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak};
 
+use super::Cx;
 use super::{Entry, Object};
 use crate::error::{Error, Op, Result};
 use crate::phys::{Kind, PageQueues, Pfn, Queue};
 use crate::stats::Counter;
 use crate::sync::rcu::RcuReadGuard;
-use crate::vm::Ctx;
 
 /// What [`Object::swap_out`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,7 +131,7 @@ impl Object {
         if self.absorbed.load(Ordering::Relaxed) {
             return SwapOut::Lost;
         }
-        let Some(leaf) = self.index.leaf(&self.m.phys, pindex) else { return SwapOut::Lost };
+        let Some(leaf) = self.index.leaf(&self.env.phys, pindex) else { return SwapOut::Lost };
         match leaf.entry.compare_exchange(
             Entry::page(pfn).bits(),
             Entry::swapped(slot).bits(),
@@ -148,9 +148,9 @@ impl Object {
     /// something else took the entry first: the caller looks again).
     ///
     /// Call outside any RCU section (it allocates, and it does I/O).
-    pub(crate) fn page_in(self: &Arc<Self>, ctx: &Ctx<'_>, op: Op, pindex: u64, depth: u32) -> Result<()> {
+    pub(crate) fn page_in(self: &Arc<Self>, ctx: &Cx<'_>, op: Op, pindex: u64, depth: u32) -> Result<()> {
         let Some(level) = self.level(depth, &ctx.rcu_read()) else { return Ok(()) };
-        let swap = self.m.swap.as_ref().expect("swap entries come from the swap file");
+        let swap = self.env.swap.as_ref().expect("swap entries come from the swap file");
         let frames = ctx.frames();
         let phys = frames.phys();
         let mut frame =
@@ -191,7 +191,7 @@ impl Object {
     /// took the entry out of an index).
     pub(super) fn forget_slot(&self, e: Entry) {
         if let Some(slot) = e.slot() {
-            self.m.swap.as_ref().expect("swap entries come from the swap file").free(slot);
+            self.env.swap.as_ref().expect("swap entries come from the swap file").free(slot);
         }
     }
 }

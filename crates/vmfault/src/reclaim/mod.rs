@@ -34,17 +34,14 @@
 //! `phys::doorbell` (the allocator rings it).
 
 mod pageout;
-mod swapfile;
-
-pub(crate) use swapfile::Swap;
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use crate::error::{Error, Result};
+use crate::machine::Machine;
 use crate::sync::rcu::RcuReader;
-use crate::vm::Machine;
 
 /// References to spaces and objects the daemon took while it worked. It
 /// may hold the last one: the end of a space or of a file object writes

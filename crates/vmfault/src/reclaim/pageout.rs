@@ -49,13 +49,13 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::Swap;
+use crate::machine::Machine;
 use crate::object::{Object, SwapOut};
 use crate::phys::{Pfn, Queue};
+use crate::swapdev::Swap;
 use crate::sync::rcu::RcuReader;
 use crate::sync::refcount::OBJREF;
 use crate::types::PAGE_SIZE;
-use crate::vm::Machine;
 
 /// How long a round keeps trying object locks held by others.
 const BUSY_WAIT: Duration = Duration::from_millis(5);

@@ -1,4 +1,4 @@
-//! The swap file: page-sized slots in one host file that vmfault creates,
+//! The swap device: page-sized slots in one host file that vmfault creates,
 //! sizes and removes (`VmConfig::swap`, `VmConfig::swap_bytes`).
 //!
 //! A slot is named in an object's index entry in place of a frame
@@ -20,6 +20,10 @@
 //!
 //! Tests inject write errors ([`crate::Vm::fail_swap_writes`]): the page
 //! daemon must then leave the page resident (`reclaim`).
+//!
+//! A leaf module: it knows files and slots, nothing of frames or objects,
+//! so the objects that name its slots (`object::swap`) and the daemon
+//! that fills them (`reclaim`) both reach it downward.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;

@@ -1,0 +1,106 @@
+//! What VM objects need of the machine they live in, and of the vCPU that
+//! works on them: the narrow environment of the object layer.
+//!
+//! An object outlives the operation that made it, and its end frees its
+//! pages and index nodes, gives back its swap slots and leaves the
+//! registries it joined: so it holds its [`Env`] (an `Arc`), which the
+//! machine (`machine::Machine`, one layer up) holds too and reaches
+//! through `Deref`. The machine's other parts (vCPU slots, the registry of
+//! address spaces, orphaned pages, its threads) are not the objects'
+//! business, and this layer cannot name them.
+//!
+//! An operation on an object runs on a vCPU: [`Cx`] is the part of the
+//! vCPU context (`machine::Ctx`, which derefs to it) that objects use: the
+//! RCU reader, the counters, the object-index hint, the object serials.
+
+use std::cell::Cell;
+
+use super::{Files, IndexHint, PvTable, Reclaimable, RmapTotals};
+use crate::config::VmConfig;
+use crate::phys::{Frames, PhysMem};
+use crate::stats::{Counter, CounterSet, DaemonStats};
+use crate::swapdev::Swap;
+use crate::sync::rcu::{Rcu, RcuPin, RcuReadGuard, RcuReader};
+
+/// The machine-wide state objects use (and with them every layer above,
+/// through the machine).
+#[derive(Debug)]
+pub(crate) struct Env {
+    /// `[I]` the configuration it was built with.
+    pub(crate) config: VmConfig,
+    /// `[S]` physical memory (fields carry their own tags).
+    pub(crate) phys: PhysMem,
+    /// `[S]` the page daemon's statistics (fields carry their tags).
+    pub(crate) daemon: DaemonStats,
+    /// `[I]` the RCU; reader `i` belongs to vCPU slot `i`.
+    pub(crate) rcu: Rcu,
+    /// `[S]` the file objects, by device and inode (its own lock inside).
+    pub(crate) files: Files,
+    /// Reverse-map totals of the backing records (`[a]`).
+    pub(crate) rmap: RmapTotals,
+    /// `[S]` the pv lists (`rmap=pv`; empty otherwise), one lock per frame.
+    pub(crate) pv: PvTable,
+    /// `[S]` the swap device (`VmConfig::swap`; its own lock inside).
+    pub(crate) swap: Option<Swap>,
+    /// `[S]` the anonymous objects, registered only with swap (locks inside).
+    pub(crate) reclaimable: Reclaimable,
+}
+
+/// The part of a vCPU's context that object operations use (the whole
+/// context, `machine::Ctx`, derefs to it, so a `&Ctx` is passed where a
+/// `&Cx` is asked for).
+pub(crate) struct Cx<'a> {
+    /// The machine's environment.
+    pub(crate) env: &'a Env,
+    /// `[o]` the vCPU's RCU reader.
+    pub(crate) reader: &'a RcuReader,
+    /// `[o]` the vCPU's counters.
+    pub(crate) counters: &'a CounterSet,
+    /// `[o]` the vCPU's last reserve in an object index.
+    pub(crate) index_hint: &'a IndexHint,
+    /// `[o]` the next object serial number this vCPU hands out.
+    pub(crate) next_object: &'a Cell<u64>,
+    /// The vCPU slot's index.
+    pub(crate) index: usize,
+}
+
+impl Cx<'_> {
+    /// Count one event on this vCPU.
+    #[inline]
+    pub(crate) fn count(&self, c: Counter) {
+        self.counters.inc(c);
+    }
+
+    /// Count `n` events on this vCPU.
+    #[inline]
+    pub(crate) fn count_n(&self, c: Counter, n: u64) {
+        self.counters.add(c, n);
+    }
+
+    /// This vCPU's view of the frame allocator (its page cache first).
+    #[inline]
+    pub(crate) fn frames(&self) -> Frames<'_> {
+        Frames::new(&self.env.phys, &self.env.rcu, self.reader, self.counters)
+    }
+
+    /// Enter an RCU read-side section as this vCPU.
+    #[inline]
+    pub(crate) fn rcu_read(&self) -> RcuReadGuard<'_> {
+        self.env.rcu.read_lock(self.reader)
+    }
+
+    /// Enter an RCU read-side section as this vCPU, pinning the page of
+    /// `addr` (`Rcu::pin`: the per-VMA read lock).
+    #[inline]
+    pub(crate) fn rcu_pin(&self, addr: u64) -> RcuPin<'_> {
+        self.env.rcu.pin(self.reader, addr)
+    }
+
+    /// A new object id, unique in this `Vm`, without a shared counter:
+    /// the slot index in the top bits, a per-slot serial below.
+    pub(crate) fn new_object_id(&self) -> u64 {
+        let n = self.next_object.get();
+        self.next_object.set(n + 1);
+        ((self.index as u64 + 1) << 48) | n
+    }
+}
