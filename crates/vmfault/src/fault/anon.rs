@@ -178,7 +178,7 @@ impl Drop for ReadIn<'_> {
 /// A fault's new page and the slot of its object's index reserved for it.
 pub(super) struct Fresh<'p> {
     /// The frame (zeroed, or a copy of the page below, before any lock).
-    pub(super) frame: OwnedFrame,
+    pub(super) frame: OwnedFrame<'p>,
     /// Where it goes in the object (no second walk to insert it).
     pub(super) slot: Slot<'p>,
 }

@@ -200,7 +200,7 @@ impl Object {
     }
 
     /// A new frame holding page `pindex` of the file, read now.
-    fn read_page(&self, frames: &Frames<'_>, op: Op, addr: u64, pindex: u64) -> Result<OwnedFrame> {
+    fn read_page<'p>(&self, frames: &Frames<'p>, op: Op, addr: u64, pindex: u64) -> Result<OwnedFrame<'p>> {
         let fd = self.file.as_ref().expect("fill of a file object");
         let nomem = |what| Error::NoMemory { op, what };
         let mut frame = match frames.alloc() {

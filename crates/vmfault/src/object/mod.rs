@@ -309,43 +309,45 @@ impl Object {
     fn insert_over(&self, frames: &Frames<'_>, slot: Slot<'_>, page: OwnedFrame, over: Option<Entry>) -> Insert {
         assert_eq!(slot.object, self.id, "a slot of object {} used for object {}", slot.object, self.id);
         let (phys, leaf, pindex) = (frames.phys(), slot.leaf, slot.pindex);
-        // Describe the page before it becomes reachable.
-        let desc = phys.page(page.pfn());
-        desc.object.store(self.id, Ordering::Relaxed);
-        desc.pindex.store(pindex, Ordering::Relaxed);
-        desc.refs.set_objref();
         let queued = phys.queues.is_some();
-        if queued {
-            PageQueues::mark(desc, Queue::Active);
-        }
-        let pfn = phys.publish(page, Kind::Data);
-        let entry = Entry::page(pfn);
-        // Release: the page's contents (zeroed or copied while it was an
-        // OwnedFrame) and its descriptor are visible to whoever finds it
-        // through the index. A hole is replaced like an empty slot.
+        let entry = Entry::page(page.pfn());
+        // A hole is replaced like an empty slot.
         let mut cur = over.unwrap_or_else(|| Entry::load(leaf.entry, Ordering::Acquire));
+        let mut page = page;
         loop {
             if let Some(theirs) = cur.pfn() {
-                frames.free_owned(phys.unpublish(pfn, Kind::Data));
+                frames.free_owned(page);
                 return Insert::Theirs(theirs);
             }
             if cur.slot().is_some() {
                 // Paged out since the caller looked: never lose it.
-                frames.free_owned(phys.unpublish(pfn, Kind::Data));
+                frames.free_owned(page);
                 return Insert::Swapped;
             }
-            match leaf.entry.compare_exchange(cur.bits(), entry.bits(), Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => {
+            // Describe the page before it becomes reachable (a failed
+            // publication clears the description again).
+            let desc = phys.page(page.pfn());
+            desc.object.store(self.id, Ordering::Relaxed);
+            desc.pindex.store(pindex, Ordering::Relaxed);
+            desc.refs.set_objref();
+            if queued {
+                PageQueues::mark(desc, Queue::Active);
+            }
+            // Release: the page's contents (zeroed or copied while it was
+            // an OwnedFrame) and its descriptor are visible to whoever
+            // finds it through the index.
+            match phys.publish_into(page, Kind::Data, leaf.entry, cur.bits(), entry.bits()) {
+                Ok(pfn) => {
                     if queued {
                         frames.enqueue(pfn);
                     }
                     return Insert::Ours(pfn);
                 }
-                Err(now) if over.is_some() && Entry(now).pfn().is_none() => {
-                    frames.free_owned(phys.unpublish(pfn, Kind::Data));
+                Err((back, now)) if over.is_some() && Entry(now).pfn().is_none() => {
+                    frames.free_owned(back);
                     return Insert::Changed;
                 }
-                Err(now) => cur = Entry(now),
+                Err((back, now)) => (page, cur) = (back, Entry(now)),
             }
         }
     }

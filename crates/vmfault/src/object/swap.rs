@@ -173,14 +173,16 @@ impl Object {
         // The fault that wants it has yet to map it: not the next victim.
         desc.touch();
         PageQueues::mark(desc, Queue::Active);
-        let pfn = phys.publish(frame, Kind::Data);
         // Release: the contents are visible to whoever finds the page.
-        let new = Entry::page(pfn);
-        if leaf.entry.compare_exchange(e.bits(), new.bits(), Ordering::AcqRel, Ordering::Relaxed).is_err() {
-            // Removed meanwhile (munmap): that took the slot too.
-            frames.free_owned(phys.unpublish(pfn, Kind::Data));
-            return Ok(());
-        }
+        let new = Entry::page(frame.pfn());
+        let pfn = match phys.publish_into(frame, Kind::Data, leaf.entry, e.bits(), new.bits()) {
+            Ok(pfn) => pfn,
+            Err((frame, _)) => {
+                // Removed meanwhile (munmap): that took the slot too.
+                frames.free_owned(frame);
+                return Ok(());
+            }
+        };
         frames.enqueue(pfn);
         swap.free(slot);
         ctx.count(Counter::pageins);

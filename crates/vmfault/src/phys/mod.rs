@@ -63,15 +63,43 @@ pub(crate) const WORDS: usize = PAGE_SIZE as usize / 8;
 pub(crate) struct Pfn(pub(crate) u32);
 
 /// An allocated frame that nobody else can reach (rule 1 of the protocol).
-/// Not `Clone`: it must be published or freed exactly once.
+/// Made only by the allocator (`Frames::alloc`) and by a publication that
+/// failed ([`PhysMem::publish_into`]); consumed by publication
+/// ([`PhysMem::publish`]) or by a free into the vCPU's cache
+/// (`Frames::free_owned`). Dropped, it frees itself onto the global free
+/// list: an early return cannot leak it.
 #[derive(Debug)]
-#[must_use = "an OwnedFrame must be published or freed"]
-pub(crate) struct OwnedFrame(Pfn);
+#[must_use = "an OwnedFrame is published or freed; dropping it frees it to the global list"]
+pub(crate) struct OwnedFrame<'p> {
+    /// The frame.
+    pfn: Pfn,
+    /// Where it goes back when dropped.
+    phys: &'p PhysMem,
+}
 
-impl OwnedFrame {
+impl<'p> OwnedFrame<'p> {
+    /// Frame `pfn` of `phys`, owned by the caller.
+    fn new(phys: &'p PhysMem, pfn: Pfn) -> OwnedFrame<'p> {
+        OwnedFrame { pfn, phys }
+    }
+
     /// The frame number.
+    #[inline]
     pub(crate) fn pfn(&self) -> Pfn {
-        self.0
+        self.pfn
+    }
+
+    /// The frame number, consuming the frame without freeing it (the caller
+    /// publishes it, or frees it another way).
+    #[inline]
+    fn into_pfn(self) -> Pfn {
+        std::mem::ManuallyDrop::new(self).pfn
+    }
+}
+
+impl Drop for OwnedFrame<'_> {
+    fn drop(&mut self) {
+        self.phys.free.give(&self.phys.pages, std::iter::once(self.pfn.0));
     }
 }
 
@@ -444,14 +472,14 @@ impl PhysMem {
     /// publishes the frame afterwards (a Release store) orders them too.
     #[inline]
     pub(crate) fn zero_with(&self, f: &mut OwnedFrame, keep: Option<usize>) -> bool {
-        let page = self.page(f.0);
+        let page = self.page(f.pfn);
         if page.zeroed.load(Ordering::Relaxed) != 0 {
             page.zeroed.store(0, Ordering::Relaxed);
             // Diagnostic: see `mark_zeroed`.
-            debug_assert!(self.words(f.0).iter().all(|w| w.load(Ordering::Relaxed) == 0), "{:?} was not zero", f.0);
+            debug_assert!(self.words(f.pfn).iter().all(|w| w.load(Ordering::Relaxed) == 0), "{:?} was not zero", f.pfn);
             return false;
         }
-        let p = self.arena.frame_ptr(f.0.0);
+        let p = self.arena.frame_ptr(f.pfn.0);
         match keep {
             // SAFETY: as below; `keep` is reduced to a line of the frame.
             Some(keep) => unsafe { arena::stream_zero(p, keep % PAGE_SIZE as usize) },
@@ -469,7 +497,7 @@ impl PhysMem {
     /// frames it zeroes ahead).
     #[inline]
     pub(crate) fn stream_zero_unfenced(&self, f: &mut OwnedFrame, keep: usize) {
-        let p = self.arena.frame_ptr(f.0.0);
+        let p = self.arena.frame_ptr(f.pfn.0);
         // SAFETY: the frame lies inside the arena, and an `OwnedFrame` is
         // reachable by nobody else (rule 1).
         unsafe { arena::stream_zero_unfenced(p, keep % PAGE_SIZE as usize) };
@@ -552,7 +580,7 @@ impl PhysMem {
     /// [`zero`](PhysMem::zero): it no longer holds only zeros.
     #[inline]
     fn dirtied(&self, f: &OwnedFrame) {
-        let page = self.page(f.0);
+        let page = self.page(f.pfn);
         if page.zeroed.load(Ordering::Relaxed) != 0 {
             page.zeroed.store(0, Ordering::Relaxed);
         }
@@ -566,7 +594,7 @@ impl PhysMem {
         // outlives `&self`; an `OwnedFrame` is reachable by nobody else
         // (rule 1), and the `&mut` borrow of it makes this slice the only
         // way to its bytes while the slice lives.
-        unsafe { std::slice::from_raw_parts_mut(self.arena.frame_ptr(f.0.0), PAGE_SIZE as usize) }
+        unsafe { std::slice::from_raw_parts_mut(self.arena.frame_ptr(f.pfn.0), PAGE_SIZE as usize) }
     }
 
     /// Fill an owned frame with a copy of a published one (copy-on-write):
@@ -574,7 +602,7 @@ impl PhysMem {
     pub(crate) fn copy_into(&self, f: &mut OwnedFrame, src: Pfn) {
         self.dirtied(f);
         let from = self.words(src);
-        let to = self.arena.frame_ptr(f.0.0).cast::<u64>();
+        let to = self.arena.frame_ptr(f.pfn.0).cast::<u64>();
         for (i, w) in from.iter().enumerate() {
             // SAFETY: word `i` of the owned frame lies inside the arena (the
             // frame is page-aligned, `i < WORDS`); nobody else can reach an
@@ -588,14 +616,41 @@ impl PhysMem {
     pub(crate) fn publish(&self, f: OwnedFrame, kind: Kind) -> Pfn {
         // Published, the frame is written by atomics nobody tracks.
         self.dirtied(&f);
-        self.page(f.0).set_kind(Kind::Owned, kind);
-        f.0
+        self.page(f.pfn).set_kind(Kind::Owned, kind);
+        f.into_pfn()
+    }
+
+    /// Publish owned frame `f` as `kind` by a compare-exchange of `slot`
+    /// from `current` to `word`, which names the frame (an index entry, a
+    /// radix pointer): the way a frame becomes reachable through a word
+    /// that others may race to fill. Release on success: the frame's
+    /// contents and descriptor are visible to whoever finds `word`. On
+    /// failure nobody saw the frame: it comes back owned (its kind and
+    /// description cleared, [`unpublish`](PhysMem::unpublish)), with the
+    /// value `slot` held.
+    #[inline]
+    pub(crate) fn publish_into(
+        &self,
+        f: OwnedFrame,
+        kind: Kind,
+        slot: &StdAtomicU64,
+        current: u64,
+        word: u64,
+    ) -> std::result::Result<Pfn, (OwnedFrame<'_>, u64)> {
+        let pfn = self.publish(f, kind);
+        match slot.compare_exchange(current, word, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => Ok(pfn),
+            // The word was never stored: the frame is still unreachable.
+            Err(now) => Err((self.unpublish(pfn, kind), now)),
+        }
     }
 
     /// Take back a frame published as `kind` whose publication never became
-    /// visible (its CAS lost): it is still unreachable by anyone else.
+    /// visible (the compare-exchange of [`publish_into`](PhysMem::publish_into)
+    /// lost): it is still unreachable by anyone else. Private: only
+    /// `publish_into` knows that the word naming the frame was never stored.
     #[inline]
-    pub(crate) fn unpublish(&self, pfn: Pfn, kind: Kind) -> OwnedFrame {
+    fn unpublish(&self, pfn: Pfn, kind: Kind) -> OwnedFrame<'_> {
         let page = self.page(pfn);
         page.set_kind(kind, Kind::Owned);
         page.object.store(0, Ordering::Relaxed);
@@ -605,7 +660,7 @@ impl PhysMem {
         // linked meanwhile by a stale batch entry or the daemon (a former
         // life of the frame): it leaves the queue like a freed frame.
         self.leave_queues(&[pfn]);
-        OwnedFrame(pfn)
+        OwnedFrame::new(self, pfn)
     }
 
     /// Free published frames that have been unlinked from everywhere: after
@@ -741,6 +796,31 @@ mod tests {
     const NO_PCP: PcpConfig = PcpConfig { capacity: 0, fill: 0, drain: 0, max: 0 };
 
     #[test]
+    fn an_owned_frame_dropped_goes_back_and_a_lost_publication_comes_back_owned() {
+        let (rcu, _readers) = Rcu::new(1);
+        let phys = PhysMem::new(8, false, &rcu, NO_PCP, false, false).unwrap();
+        let frames = Frames::global(&phys);
+        let free = phys.global_free_frames();
+        let f = frames.alloc().unwrap();
+        assert_eq!(phys.global_free_frames(), free - 1);
+        drop(f);
+        assert_eq!(phys.global_free_frames(), free, "a dropped frame frees itself");
+        // A publication whose compare-exchange loses leaves the slot alone
+        // and hands the frame back, owned and described as nothing.
+        let slot = StdAtomicU64::new(7);
+        let f = frames.alloc().unwrap();
+        let pfn = f.pfn();
+        phys.page(pfn).object.store(42, Ordering::Relaxed);
+        let (back, now) = phys.publish_into(f, Kind::Data, &slot, 0, u64::from(pfn.0)).unwrap_err();
+        assert_eq!((back.pfn(), now, slot.load(Ordering::Relaxed)), (pfn, 7, 7));
+        assert_eq!(phys.page(pfn).object.load(Ordering::Relaxed), 0, "its description is cleared");
+        // A winning one stores the word and publishes.
+        let got = phys.publish_into(back, Kind::Data, &slot, 7, u64::from(pfn.0)).unwrap();
+        assert_eq!((got, slot.load(Ordering::Relaxed)), (pfn, u64::from(pfn.0)));
+        assert_eq!(phys.global_free_frames(), free - 1, "published, it is nobody's to free");
+    }
+
+    #[test]
     fn ordered_bulk_frees_come_back_in_ascending_order() {
         for ordered in [false, true] {
             let (rcu, _r) = Rcu::new(1);
@@ -751,12 +831,10 @@ mod tests {
             // Freed in a scrambled order, as munmap collects them.
             got.sort_by_key(|p| (p.0 * 7) % 16);
             phys.free_after_grace(&rcu, &got);
-            let again: Vec<u32> = (0..16).map(|_| frames.alloc().unwrap().pfn().0).collect();
+            let held: Vec<OwnedFrame> = (0..16).map(|_| frames.alloc().unwrap()).collect();
+            let again: Vec<u32> = held.iter().map(|f| f.pfn().0).collect();
             let ascending = again.windows(2).all(|w| w[1] == w[0] + 1);
             assert_eq!(ascending, ordered, "ordered={ordered}: {again:?}");
-            for p in again {
-                frames.free_owned(OwnedFrame(Pfn(p)));
-            }
         }
     }
 

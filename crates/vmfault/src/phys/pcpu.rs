@@ -140,18 +140,18 @@ impl<'a> Frames<'a> {
     /// every per-CPU cache and try again, then, with swap, wait for the
     /// page daemon (`reclaim`); neither inside a read-side section.
     #[inline]
-    pub(crate) fn alloc(&self) -> Option<OwnedFrame> {
+    pub(crate) fn alloc(&self) -> Option<OwnedFrame<'a>> {
         let f = self.find_frame()?;
         if let Some(cpu) = &self.cpu {
-            cpu.counters.note_frame(u64::from(f.0.0));
+            cpu.counters.note_frame(u64::from(f.pfn().0));
         }
         Some(f)
     }
 
     #[inline]
-    fn find_frame(&self) -> Option<OwnedFrame> {
+    fn find_frame(&self) -> Option<OwnedFrame<'a>> {
         if let Some(p) = self.alloc_once() {
-            return Some(OwnedFrame(Pfn(p)));
+            return Some(OwnedFrame::new(self.phys, Pfn(p)));
         }
         let cpu = self.cpu.as_ref().filter(|c| !c.reader.in_section())?;
         let mut placements = self.phys.deferred.as_ref().map_or(0, |d| d.placements());
@@ -159,7 +159,7 @@ impl<'a> Frames<'a> {
         // drain (the daemon's) had taken out of the caches: it waited for it.
         self.phys.drain_pcpu(cpu.rcu);
         if let Some(p) = self.alloc_once() {
-            return Some(OwnedFrame(Pfn(p)));
+            return Some(OwnedFrame::new(self.phys, Pfn(p)));
         }
         // free_path=deferred: frames another thread has taken off a
         // deferred list and not yet placed (it may be preempted), or placed
@@ -173,7 +173,7 @@ impl<'a> Frames<'a> {
                 std::thread::yield_now();
                 self.phys.drain_pcpu(cpu.rcu);
                 if let Some(p) = self.alloc_once() {
-                    return Some(OwnedFrame(Pfn(p)));
+                    return Some(OwnedFrame::new(self.phys, Pfn(p)));
                 }
             }
         }
@@ -189,7 +189,7 @@ impl<'a> Frames<'a> {
                 self.alloc_once()
             })
         };
-        self.phys.doorbell.wait_for(retry).map(|p| OwnedFrame(Pfn(p)))
+        self.phys.doorbell.wait_for(retry).map(|p| OwnedFrame::new(self.phys, Pfn(p)))
     }
 
     /// Put published data page `pfn`, marked for a queue before it was
@@ -206,7 +206,7 @@ impl<'a> Frames<'a> {
     }
 
     /// Allocate a zeroed frame.
-    pub(crate) fn alloc_zeroed(&self) -> Option<OwnedFrame> {
+    pub(crate) fn alloc_zeroed(&self) -> Option<OwnedFrame<'a>> {
         let mut f = self.alloc()?;
         self.zero(&mut f);
         Some(f)
@@ -233,14 +233,16 @@ impl<'a> Frames<'a> {
     #[inline(always)]
     pub(crate) fn zero_for(&self, f: &mut OwnedFrame, addr: u64) {
         let keep = match self.phys.stream_after() {
-            Some(after) if super::arena::STREAMS && self.left_caches(f.0, after) => Some((addr % PAGE_SIZE) as usize),
+            Some(after) if super::arena::STREAMS && self.left_caches(f.pfn(), after) => {
+                Some((addr % PAGE_SIZE) as usize)
+            }
             _ => None,
         };
         let wrote = match keep {
             // Its own frame first, unfenced (it is this fault's alone), then
             // the frames ahead and one fence for them all, inside the
             // magazine's section (`zero_ahead`).
-            Some(keep) if self.phys.zero_ahead() > 0 && !self.phys.holds_zeros(f.0) => {
+            Some(keep) if self.phys.zero_ahead() > 0 && !self.phys.holds_zeros(f.pfn()) => {
                 self.phys.stream_zero_unfenced(f, keep);
                 self.zero_ahead(keep);
                 true
@@ -307,11 +309,13 @@ impl<'a> Frames<'a> {
     pub(crate) fn free_owned(&self, f: OwnedFrame) {
         let phys = self.phys;
         let (Some(cpu), Some(pcp)) = (&self.cpu, &phys.pcp) else {
-            return phys.free.give(&phys.pages, std::iter::once(f.0.0));
+            // Dropped, it goes to the global list.
+            return drop(f);
         };
-        phys.page(f.0).cached_at.store(cache_stamp(cpu), Ordering::Relaxed);
+        let pfn = f.into_pfn();
+        phys.page(pfn).cached_at.store(cache_stamp(cpu), Ordering::Relaxed);
         pcp.local(cpu.rcu, cpu.reader, |m| {
-            if let Err(p) = m.push(f.0.0) {
+            if let Err(p) = m.push(pfn.0) {
                 if m.can_grow() && !phys.short_of_frames() {
                     // pcpu_high=auto: the vCPU frees more than it keeps.
                     m.grow(2 * m.capacity());

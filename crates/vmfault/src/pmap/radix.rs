@@ -209,18 +209,18 @@ impl Radix {
             if e == 0 {
                 let fresh: OwnedFrame = frames.alloc_zeroed().ok_or(OutOfFrames)?;
                 // The kind is set before the frame becomes reachable, so
-                // whoever finds it (and may free it) sees its real kind.
-                let child = phys.publish(fresh, self.kind);
+                // whoever finds it (and may free it) sees its real kind;
                 // Release publishes the zeroed contents with the pointer.
-                match slot.compare_exchange(0, entry_for(child), Ordering::AcqRel, Ordering::Acquire) {
+                let word = entry_for(fresh.pfn());
+                match phys.publish_into(fresh, self.kind, slot, 0, word) {
                     Ok(_) => {
                         phys.page(node).children.fetch_add(1, Ordering::Relaxed);
-                        e = entry_for(child);
+                        e = word;
                         added += 1;
                     }
-                    Err(winner) => {
-                        // Never reachable: take it back and free it.
-                        frames.free_owned(phys.unpublish(child, self.kind));
+                    Err((lost, winner)) => {
+                        // Never reachable: free it.
+                        frames.free_owned(lost);
                         e = winner;
                     }
                 }
@@ -262,9 +262,10 @@ impl Radix {
                 return Ok(added);
             }
             let fresh: OwnedFrame = frames.alloc_zeroed().ok_or(OutOfFrames)?;
-            let node = phys.publish(fresh, self.kind);
+            let node = fresh.pfn();
             debug_assert!(top.is_none_or(|t| t.height < MAX_HEIGHT), "a full-height root covers every index");
-            // Unreachable until the CAS below (Release) publishes it.
+            // Unreachable until the compare-exchange below (Release)
+            // publishes it.
             let (height, base, slot) = match top {
                 None => (1, index & !(span(1) - 1), None),
                 Some(t) => {
@@ -277,13 +278,13 @@ impl Radix {
             };
             phys.page(node).pindex.store(base, Ordering::Relaxed);
             let word = (u64::from(node.0) << 12) | u64::from(height);
-            match self.root.compare_exchange(cur, word, Ordering::AcqRel, Ordering::Acquire) {
+            match phys.publish_into(fresh, self.kind, &self.root, cur, word) {
                 Ok(_) => added += 1,
-                Err(_) => {
+                Err((lost, _)) => {
                     if let Some(slot) = slot {
                         phys.words(node)[slot].store(0, Ordering::Relaxed);
                     }
-                    frames.free_owned(phys.unpublish(node, self.kind));
+                    frames.free_owned(lost);
                 }
             }
         }
