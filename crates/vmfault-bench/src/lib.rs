@@ -1,4 +1,4 @@
-//! # vmfault-bench: the seeds' workloads, on vmfault and on the host kernel
+//! # vmfault-bench: scalability workloads, on vmfault and on the host kernel
 //!
 //! Workloads from will-it-scale (`page_fault1`, `malloc1`, `mmap1`,
 //! `brk1`), mmtests' `pft` and `ebizzy -mT`, plus the zero-fill limit, each

@@ -533,8 +533,9 @@ impl VmConfig {
     /// `--compare lifecycle=baseline,sync,default` measures the plain
     /// lifecycle (`baseline`: LIFO reuse, the fixed 16-frame cache, frees
     /// that wait for their grace period, one map lock per space, every
-    /// frame zeroed at allocation with ordinary stores, none ahead; `seed` is another
-    /// name for it) beside ordered frames and adaptive caches with waiting
+    /// frame zeroed at allocation with ordinary stores, none ahead: the
+    /// earlier lifecycle, kept for comparison) beside ordered frames and
+    /// adaptive caches with waiting
     /// frees (`sync`) and beside the defaults (`default`, which `deferred`
     /// names too: every mechanism on). `sync` and `deferred` take the
     /// default map lock, zero reuse and zeroing. It is not a knob of
@@ -542,14 +543,14 @@ impl VmConfig {
     fn set_lifecycle(&mut self, value: &str) -> std::result::Result<(), &'static str> {
         let d = VmConfig::default();
         let (order, high, free) = match value.trim() {
-            "baseline" | "seed" => (FrameOrder::Lifo, PcpHigh::Fixed, FreePath::Sync),
+            "baseline" => (FrameOrder::Lifo, PcpHigh::Fixed, FreePath::Sync),
             "default" => (d.frame_order, d.pcpu_high, d.free_path),
             "sync" => (FrameOrder::Ordered, PcpHigh::Auto, FreePath::Sync),
             "deferred" => (FrameOrder::Ordered, PcpHigh::Auto, FreePath::Deferred),
             _ => return Err("expected baseline, sync, default or deferred"),
         };
         let (map_lock, zeroed, stores, ahead) = match value.trim() {
-            "baseline" | "seed" => (MapLock::Global, false, ZeroStores::Cached, 0),
+            "baseline" => (MapLock::Global, false, ZeroStores::Cached, 0),
             _ => (d.map_lock, d.reuse_zeroed, d.zero_stores, d.zero_ahead),
         };
         (self.frame_order, self.pcpu_high, self.free_path) = (order, high, free);
@@ -744,7 +745,7 @@ mod tests {
     fn lifecycle_sets_the_seven_knobs_of_a_page_life() {
         let mut c = VmConfig::default();
         c.set("lifecycle", "baseline").unwrap();
-        let seed = [
+        let baseline = [
             ("pcpu_high", "fixed".to_string()),
             ("free_path", "sync".to_string()),
             ("frame_order", "lifo".to_string()),
@@ -753,13 +754,13 @@ mod tests {
             ("zero_stores", "cached".to_string()),
             ("zero_ahead", "0".to_string()),
         ];
-        assert_eq!(c.non_default_knobs(), seed.to_vec());
+        assert_eq!(c.non_default_knobs(), baseline.to_vec());
         c.set("lifecycle", "sync").unwrap();
         assert_eq!((c.frame_order, c.pcpu_high, c.free_path), (FrameOrder::Ordered, PcpHigh::Auto, FreePath::Sync));
         c.set("lifecycle", "deferred").unwrap();
         assert_eq!((c.frame_order, c.pcpu_high, c.free_path), (FrameOrder::Ordered, PcpHigh::Auto, FreePath::Deferred));
         assert!(c.non_default_knobs().is_empty());
-        c.set("lifecycle", "seed").unwrap();
+        c.set("lifecycle", "baseline").unwrap();
         c.set("lifecycle", "default").unwrap();
         assert!(c.non_default_knobs().is_empty());
         let e = c.set("lifecycle", "fast").unwrap_err();

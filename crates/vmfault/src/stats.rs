@@ -6,7 +6,7 @@
 //! no locked instruction, no cache line shared between vCPUs. Readers sum
 //! the slots; a sum taken while vCPUs run is a snapshot, exact once they stop.
 //!
-//! Names follow the seeds where they name something (`spf_*` from the
+//! Names follow the mechanisms' own where they name something (`spf_*` from the
 //! speculative page fault series, `pcp_*` from OpenBSD's per-CPU caches).
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,4 +1,4 @@
-//! The public API as the issue specifies it, vCPU handling, SIGSEGV codes,
+//! The public API as the README shows it, vCPU handling, SIGSEGV codes,
 //! running out of frames, and statistics.
 
 mod common;
@@ -15,7 +15,7 @@ fn small(phys_bytes: u64, cpus: usize) -> Vm {
 }
 
 #[test]
-fn the_api_of_the_issue() -> Result<(), Error> {
+fn the_api_as_documented() -> Result<(), Error> {
     let vm = Vm::new(VmConfig { phys_bytes: 256 << 20, cpus: 4, ..VmConfig::default() })?;
     let _cpu = vm.attach()?;
     let space = vm.new_space()?;

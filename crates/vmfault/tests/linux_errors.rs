@@ -1,7 +1,7 @@
 //! Argument checks in Linux's order, compared with the host kernel: the
 //! errno of `mprotect`, `madvise`, `msync` and `mmap` of a file where an
-//! outside test found vmfault answering differently (issue "nothing
-//! lost", problem 4), and their neighbours.
+//! outside test found vmfault answering differently, and their
+//! neighbours.
 
 mod common;
 

@@ -1,5 +1,4 @@
-//! Per-CPU page caches and their remote drain (issue: OpenBSD caches,
-//! Linux remote drain by RCU).
+//! Per-CPU page caches (OpenBSD) and their remote drain by RCU (Linux).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier, mpsc};
@@ -56,7 +55,7 @@ fn a_parked_vcpus_cache_is_drained_while_it_never_runs() {
     worker.join().unwrap();
 }
 
-/// The seed's stress test, scaled down: 100 remote drains a second while
+/// The remote-drain stress test, scaled down: 100 remote drains a second while
 /// every vCPU faults pages in, checks them and frees them, for 10 seconds
 /// (`VMFAULT_DRAIN_STRESS_SECS` to change). Afterwards the free frames are
 /// exact: nothing lost, nothing doubled.
@@ -174,8 +173,8 @@ fn allocation_succeeds_while_any_frame_is_free_anywhere() {
 }
 
 /// Below the free target the page daemon drains the caches of vCPUs that
-/// hold frames and never run again (issue 7: "the page daemon drains
-/// per-CPU caches remotely when memory runs low"); no allocation fails.
+/// hold frames and never run again (the daemon drains per-CPU caches
+/// remotely when memory runs low); no allocation fails.
 #[test]
 fn the_page_daemon_drains_idle_caches_when_memory_runs_low() {
     const HOARDERS: usize = 4;

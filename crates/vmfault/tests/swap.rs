@@ -1,4 +1,4 @@
-//! Swap (issue 7): the page daemon pages anonymous memory out to a swap
+//! Swap: the page daemon pages anonymous memory out to a swap
 //! file when physical memory runs low, faults read it back.
 
 use std::sync::Arc;
@@ -60,7 +60,7 @@ fn shuffled(n: u64, seed: u64) -> Vec<u64> {
     v
 }
 
-/// The issue's over-commit test: a working set twice physical memory,
+/// The over-commit test: a working set twice physical memory,
 /// written with a pattern by several vCPUs and read back in random order.
 fn over_commit(path: FaultPath) {
     const PHYS: u64 = 1024;
