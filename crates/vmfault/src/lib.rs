@@ -65,9 +65,11 @@
 //! every layer above the objects reaches (`machine::Ctx`, `Machine`) sits
 //! just above them; the objects see only their own part of it.
 //!
-//! The crate denies `unsafe_code`; five files of `sync` and `phys` allow it
-//! (`phys/arena.rs`, `phys/mod.rs`, `sync/cpu.rs`, `sync/percpu.rs`,
-//! `sync/rcu.rs`), each block with its `// SAFETY:` argument.
+//! The crate denies `unsafe_code`. Five files of `sync` and `phys` hold
+//! unsafe code (`phys/arena.rs`, `phys/mod.rs`, `sync/cpu.rs`,
+//! `sync/percpu.rs`, `sync/rcu.rs`), and each item there that holds an
+//! unsafe block allows it on itself, the block with its `// SAFETY:`
+//! argument: a new unsafe block anywhere else fails to build.
 //!
 //! ## The protocols
 //!
@@ -91,39 +93,49 @@
 //!
 //! ## Lock order (outer to inner)
 //!
+//! Every lock class, with its letter (the letters of the lock tags below);
+//! a lock may be taken while holding only locks above it on its path. The
+//! classes are `sync::rank::Rank`, which debug builds check.
+//!
 //! ```text
-//! address-space map lock [M]          (RwLock; classic faults read, changes write; with
-//! │                                    map_lock=zoned one per zone, taken in address order)
-//! ├── VMA read lock [V]               (VmaLock faults: a pin in the vCPU's RCU slot; a writer
-//! │   │                                retires the VMA under [M] and waits for the pins)
-//! │   └── PTE lock [P]
-//! └── file registry                   (finding or creating a file's object; its end leaves it)
-//!     └── object lock [O]             (a shadow-chain collapse: the absorbing level's, then
-//!         │                            the absorbed one's; under the map lock, top-down;
-//!         │                            a page-in, around its read of the swap slot)
-//!         └── PTE lock [P]            (one word per page-table page; speculative
-//!             │                        faults only try-lock it, holding nothing else)
-//!             ├── page lock           (refcount=pagelock only: one of 256 hashed words,
-//!             │   │                    held around a wiring or queue change)
-//!             │   └── page-queue lock [Q] (swap only: a vCPU applying its full batch of
-//!             │                        new pages, the daemon, a free path; nothing inside)
-//!             └── free-list lock [F]
+//! shared vCPU slot [C]                (an unattached thread's claim of the shared slot, for
+//! │                                    one operation; held around everything it does)
+//! └── address-space map lock [M]      (RwLock; classic faults read, changes write; with
+//!     │                                map_lock=zoned one per zone, taken in address order)
+//!     ├── VMA read lock [V]           (VmaLock faults: a pin in the vCPU's RCU slot; a writer
+//!     │   │                            retires the VMA under [M] and waits for the pins)
+//!     │   └── PTE lock [P]
+//!     └── file registry [R]           (finding or creating a file's object; its end leaves it)
+//!         └── object lock [O]         (a shadow-chain collapse: the absorbing level's, then
+//!             │                        the absorbed one's; under the map lock, top-down;
+//!             │                        a page-in, around its read of the swap slot)
+//!             ├── per-CPU drain lock [D] (one drain of every cache at a time, held around
+//!             │   │                    its grace period, until the frames are placed)
+//!             │   └── free-list lock [F]
+//!             └── PTE lock [P]        (one word per page-table page; speculative
+//!                 │                    faults only try-lock it, holding nothing else)
+//!                 ├── page lock [K]   (refcount=pagelock only: one of 256 hashed words,
+//!                 │   │                held around a wiring or queue change)
+//!                 │   └── page-queue lock [Q] (swap only: a vCPU applying its full batch of
+//!                 │                    new pages, the daemon, a free path; nothing inside)
+//!                 └── free-list lock [F] (nothing inside)
+//!
+//! leaves [L]                          (taken under any of the above, nothing inside: the
+//!                                      retired-snapshot and deferred-list mutexes, the space
+//!                                      and anonymous-object registries, the orphan list, the
+//!                                      swap slot map, an object's reverse-map mutex, the pv
+//!                                      lists, a file object's recent-files, writer and
+//!                                      write-back mutexes, the daemon's doorbell, the RCU's
+//!                                      poll mutex, only ever try-locked)
 //! ```
 //!
 //! Debug builds check this order as locks are taken (`sync::rank`: each
 //! thread keeps the ranks it holds, and taking a lock of an earlier rank,
 //! of its own rank where that does not nest, or anything under a leaf,
-//! panics with both): the unattached threads' shared vCPU slot
-//! (outermost), the map lock (zones nest: their address order is kept by
-//! the one function that takes several, `Zones::write`), the VMA read lock
-//! (a pin; a writer's wait for the pins counts as taking it), the file registry, object
-//! locks, the per-CPU caches' drain lock, PTE locks, page locks, the
-//! page-queue lock and the free-list lock, and as leaves the
-//! retired-snapshot and deferred-list mutexes, the space and
-//! anonymous-object registries, the orphan list, the swap slot map, an
-//! object's reverse-map mutex, the pv lists, a file object's recent-files,
-//! writer and write-back mutexes and the daemon's doorbell (their
-//! condition-variable waits keep the rank: `Ranked::wait`).
+//! panics with both). Zones of the map lock nest in address order only,
+//! kept by the one function that takes several (`Zones::write`); a
+//! writer's wait for the VMA pins counts as taking [V]; condition-variable
+//! waits keep their lock's rank (`Ranked::wait`).
 //!
 //! The page daemon (`reclaim`) holds none of these across another: it
 //! takes no map lock, only tries object locks, and takes PTE locks one at
@@ -171,6 +183,12 @@
 //! | `[I]` | immutable after construction |
 //! | `[L]` | a lock (or a condition variable waited on under one), or a value inside its own lock: its class is in the lock order above; a field of a struct held inside a lock names that lock |
 //! | `[S]` | a structure that synchronizes itself: its own fields carry their tags |
+//! | `[T]` | thread-local (`thread_local!`): no other thread reaches it |
+//!
+//! Two tags combine as in FreeBSD's `vm_page.h`: `[F][a]` is written only
+//! with the first held (here the free-list lock), and read with either
+//! (here without it, by an atomic load); `[L]` followed by a lock's name in
+//! parentheses is a value inside that lock.
 //!
 //! Functions that need a lock held end in `_locked` and list their
 //! preconditions.

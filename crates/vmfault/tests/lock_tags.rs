@@ -24,7 +24,6 @@ const SHARED: &[(&str, &str)] = &[
     ("sync/percpu.rs", "PerCpuCache"),
     ("sync/percpu.rs", "CpuSlot"),
     ("sync/percpu.rs", "MagSlot"),
-    ("sync/cpu.rs", "CpuSet"),
     ("phys/mod.rs", "PhysMem"),
     ("phys/page.rs", "Page"),
     ("phys/deferred.rs", "Deferred"),
@@ -42,12 +41,22 @@ const SHARED: &[(&str, &str)] = &[
     ("aspace/zones.rs", "Zone"),
     ("aspace/zones.rs", "SpaceCpu"),
     ("aspace/vma.rs", "Vma"),
+    ("object/rmap.rs", "PvTable"),
+    ("object/rmap.rs", "RmapTotals"),
+    ("object/rmap.rs", "Inner"),
+    ("phys/freelist.rs", "FreeList"),
+    ("pmap/radix.rs", "Radix"),
+    ("pmap/table.rs", "Pmap"),
+    ("stats.rs", "DaemonStats"),
+    ("sync/cpu.rs", "Slot"),
+    ("sync/cpu.rs", "CpuSet"),
+    ("sync/rcu.rs", "RcuBox"),
     ("swapdev.rs", "Swap"),
     ("swapdev.rs", "Slots"),
 ];
 
 /// The tags of `lib.rs`'s legend.
-const TAGS: &str = "MVOPFQaoILS";
+const TAGS: &str = "MVOPFQaoILST";
 
 /// The fields of `name` in `text`, each with its doc comment.
 fn fields(text: &str, name: &str) -> Option<Vec<(String, String)>> {

@@ -36,7 +36,7 @@ use super::vma::{Snapshot, SnapshotNode, Vma};
 /// Spares of each kind kept per thread.
 pub(crate) const KEEP: usize = 64;
 
-/// One thread's spares (`[T]`: this thread only).
+/// One thread's spares (`[T]`: a thread-local, this thread only).
 struct Spares {
     /// Records that nobody else holds, with no object.
     vmas: Vec<Arc<Vma>>,

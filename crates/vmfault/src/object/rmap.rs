@@ -31,8 +31,9 @@
 //! and removed by every zap, under the PTE lock: metadata grows with pages
 //! times mappings, and every fault pays a list operation.
 //!
-//! Lock order: map lock → object lock `[O]` → the rmap lock
-//! here → PTE lock → pv lock.
+//! Lock order: the rmap lock here and each frame's pv lock are leaves
+//! (`sync::rank`: nothing is taken while either is held); the callers may
+//! hold the map lock, an object lock or a PTE lock around them.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -51,18 +52,19 @@ type Record = (BackingKey, u32);
 /// The reverse map of one object.
 #[derive(Debug, Default)]
 pub(crate) struct ObjRmap {
-    /// `[L]` the rmap lock: inner to the object lock, outer to PTE locks.
+    /// `[L]` the rmap lock, a leaf (taken under the map lock, an object
+    /// lock or a PTE lock; nothing inside it).
     inner: Mutex<Inner>,
 }
 
 #[derive(Debug, Default)]
 struct Inner {
-    /// `[O]` records of the mappings of this object's ranges, counted. A
+    /// `[L]` (`ObjRmap::inner`) records of the mappings of this object's ranges, counted. A
     /// record names its space by id only (a walk finds the space in the
     /// machine's registry): holding a reference would write the space's
     /// count, a line every vCPU of the space shares, at each new mapping.
     backings: HashMap<BackingKey, u32>,
-    /// `[O]` the objects whose backing object this is (dead ones pruned lazily).
+    /// `[L]` (`ObjRmap::inner`) the objects whose backing object this is (dead ones pruned lazily).
     shadows: Vec<Weak<Object>>,
 }
 
@@ -239,7 +241,8 @@ pub(crate) struct Pv {
 /// The pv lists, one per frame (empty unless `Rmap::PvEntry`).
 #[derive(Debug, Default)]
 pub(crate) struct PvTable {
-    /// The pv lock of each frame: inner to its PTE lock.
+    /// `[L]` the pv lock of each frame, a leaf (taken under the PTE lock
+    /// of the PTE that changes), around that frame's list.
     lists: Box<[Mutex<Vec<Pv>>]>,
 }
 

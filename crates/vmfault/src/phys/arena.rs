@@ -10,8 +10,8 @@
 //! by 4 KiB host pages, and every frame access would pay their TLB misses.
 
 // This file holds unsafe code, each block with its `// SAFETY:`
-// argument; the crate denies `unsafe_code` everywhere else.
-#![allow(unsafe_code)]
+// argument, and each item that holds one allows `unsafe_code` on itself:
+// the crate denies it everywhere else.
 
 use std::ptr::NonNull;
 
@@ -32,12 +32,15 @@ pub(crate) struct Arena {
 // SAFETY: the arena is plain memory owned by this value; all concurrent access
 // to its contents goes through atomics or through exclusively owned frames
 // (see the frame protocol in `phys/mod.rs`).
+#[allow(unsafe_code)]
 unsafe impl Send for Arena {}
 // SAFETY: as above.
+#[allow(unsafe_code)]
 unsafe impl Sync for Arena {}
 
 impl Arena {
     /// Map `frames` frames.
+    #[allow(unsafe_code)]
     pub(crate) fn new(frames: u32, prefault: bool) -> Result<Arena> {
         let len = frames as usize * PAGE_SIZE as usize;
         let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
@@ -68,6 +71,7 @@ impl Arena {
     /// Back the whole arena now, after the advice (so in huge pages where
     /// the host has them): `MADV_POPULATE_WRITE` (Linux 5.14), or a store
     /// to every page where the host kernel is older.
+    #[allow(unsafe_code)]
     fn populate(&self) {
         // SAFETY: advice on exactly the mapping this value owns.
         let done = unsafe { libc::madvise(self.base.as_ptr().cast(), self.len, libc::MADV_POPULATE_WRITE) } == 0;
@@ -83,6 +87,7 @@ impl Arena {
 
     /// Address of frame `pfn`'s first byte.
     #[inline]
+    #[allow(unsafe_code)]
     pub(crate) fn frame_ptr(&self, pfn: u32) -> *mut u8 {
         // A real check, in every build: this pointer is where safe code's
         // frame numbers become memory (one compare, always predicted).
@@ -94,6 +99,7 @@ impl Arena {
 }
 
 impl Drop for Arena {
+    #[allow(unsafe_code)]
     fn drop(&mut self) {
         // SAFETY: unmapping exactly the mapping this value owns; no reference
         // into it can outlive the arena (they borrow `PhysMem`).
@@ -151,6 +157,7 @@ pub(crate) const STREAMS: bool = cfg!(all(target_arch = "x86_64", not(miri)));
 /// # Safety
 /// As [`stream_zero_unfenced`].
 #[inline]
+#[allow(unsafe_code)]
 pub(crate) unsafe fn stream_zero(p: *mut u8, keep: usize) {
     // SAFETY: the caller's.
     unsafe { stream_zero_unfenced(p, keep) };
@@ -169,6 +176,7 @@ pub(crate) unsafe fn stream_zero(p: *mut u8, keep: usize) {
 /// `p` is the first byte of a frame of the arena, and nothing else reads
 /// or writes the frame while this runs.
 #[inline(never)]
+#[allow(unsafe_code)]
 pub(crate) unsafe fn stream_zero_unfenced(p: *mut u8, keep: usize) {
     let hot = (keep % PAGE_SIZE as usize) & !(LINE - 1);
     #[cfg(all(target_arch = "x86_64", not(miri)))]
@@ -210,6 +218,7 @@ pub(crate) unsafe fn stream_zero_unfenced(p: *mut u8, keep: usize) {
 /// frame could become visible before them. Nothing where streaming stores
 /// are not used.
 #[inline]
+#[allow(unsafe_code)]
 pub(crate) fn stream_fence() {
     #[cfg(all(target_arch = "x86_64", not(miri)))]
     // SAFETY: SSE2 is part of x86-64; a fence has no other effect.

@@ -29,9 +29,12 @@ pub(crate) struct Doorbell {
     pending: AtomicBool,
     /// `[a]` the machine is ending: the daemon returns (`Vm`'s `Life`).
     stopping: AtomicBool,
-    /// `[I]` whether a daemon listens (no daemon: ringing does nothing).
+    /// `[a]` whether a daemon listens (no daemon: ringing does nothing);
+    /// set once by `enable` when the daemon starts, read relaxed (a ring
+    /// before that finds no daemon to wake either way).
     enabled: AtomicBool,
-    /// `[I]` whether it has swap (allocations then wait for it).
+    /// `[a]` whether it has swap (allocations then wait for it); set with
+    /// `enabled`, by `enable`.
     swap: AtomicBool,
     /// `[L]` the daemon sleeps on `cond`, waiting allocations on `done`;
     /// the mutex guards nothing but the waits.

@@ -23,11 +23,11 @@ use crate::sync::atomic::{AtomicU64, Ordering};
 pub(crate) struct FreeList {
     /// `[F]` free frame numbers, the most recently freed last.
     stack: Mutex<Vec<u32>>,
-    /// `[F]` number of free frames (written under the lock, read lockless).
+    /// `[F][a]` number of free frames (written under the lock, read lockless).
     count: AtomicU64,
-    /// `[F]` lock acquisitions so far (written under the lock, read lockless).
+    /// `[F][a]` lock acquisitions so far (written under the lock, read lockless).
     acquisitions: AtomicU64,
-    /// `[F]` frames taken from and given to the list so far (likewise).
+    /// `[F][a]` frames taken from and given to the list so far (likewise).
     moved: AtomicU64,
 }
 

@@ -27,8 +27,8 @@
 //! Frame 0 is the shared zero page: always zero, never writable, never freed.
 
 // This file holds unsafe code, each block with its `// SAFETY:`
-// argument; the crate denies `unsafe_code` everywhere else.
-#![allow(unsafe_code)]
+// argument, and each item that holds one allows `unsafe_code` on itself:
+// the crate denies it everywhere else.
 
 pub(crate) mod arena;
 pub(crate) mod deferred;
@@ -471,6 +471,7 @@ impl PhysMem {
     /// The streaming stores are fenced before this returns: whatever
     /// publishes the frame afterwards (a Release store) orders them too.
     #[inline]
+    #[allow(unsafe_code)]
     pub(crate) fn zero_with(&self, f: &mut OwnedFrame, keep: Option<usize>) -> bool {
         let page = self.page(f.pfn);
         if page.zeroed.load(Ordering::Relaxed) != 0 {
@@ -496,6 +497,7 @@ impl PhysMem {
     /// or reach another thread (`Frames::zero_for`, which fences with the
     /// frames it zeroes ahead).
     #[inline]
+    #[allow(unsafe_code)]
     pub(crate) fn stream_zero_unfenced(&self, f: &mut OwnedFrame, keep: usize) {
         let p = self.arena.frame_ptr(f.pfn.0);
         // SAFETY: the frame lies inside the arena, and an `OwnedFrame` is
@@ -535,6 +537,7 @@ impl PhysMem {
     /// `PerCpuCache::local`, where nobody else reads or writes them until
     /// the caller's read-side section ends (a drain waits for that), and
     /// the fence comes before that end.
+    #[allow(unsafe_code)]
     pub(crate) fn zero_ahead_in(
         &self,
         m: &mut Magazine<u32>,
@@ -588,6 +591,7 @@ impl PhysMem {
 
     /// The bytes of an owned frame, for plain writes (rule 1): a file's
     /// page is read straight into it.
+    #[allow(unsafe_code)]
     pub(crate) fn owned_bytes<'a>(&'a self, f: &'a mut OwnedFrame) -> &'a mut [u8] {
         self.dirtied(f);
         // SAFETY: the frame is PAGE_SIZE bytes inside the arena, which
@@ -599,6 +603,7 @@ impl PhysMem {
 
     /// Fill an owned frame with a copy of a published one (copy-on-write):
     /// atomic loads from `src` (rule 2), plain stores to `f` (rule 1).
+    #[allow(unsafe_code)]
     pub(crate) fn copy_into(&self, f: &mut OwnedFrame, src: Pfn) {
         self.dirtied(f);
         let from = self.words(src);
@@ -701,6 +706,7 @@ impl PhysMem {
 
     /// The frame as 512 atomic words (rule 2).
     #[inline]
+    #[allow(unsafe_code)]
     pub(crate) fn words(&self, pfn: Pfn) -> &[StdAtomicU64; WORDS] {
         let p = self.arena.frame_ptr(pfn.0);
         // SAFETY: the frame is 4096 bytes inside the arena, 8-byte aligned

@@ -27,7 +27,7 @@ pub(crate) struct Pmap {
     /// `[a]` page-table pages in use, root included (rarely written: only
     /// when a table page is added or pruned).
     tables: AtomicU64,
-    /// `[M]` prunes that detached page-table pages (bumped under the map
+    /// `[M][a]` prunes that detached page-table pages (bumped under the map
     /// write lock, after the detach; read lockless): how a walk made
     /// before the VMA snapshot was read knows its leaf is still attached
     /// (see [`Missed`]).

@@ -14,8 +14,8 @@
 //! it would hand out a second `&mut O`.
 
 // This file holds unsafe code, each block with its `// SAFETY:`
-// argument; the crate denies `unsafe_code` everywhere else.
-#![allow(unsafe_code)]
+// argument, and each item that holds one allows `unsafe_code` on itself:
+// the crate denies it everywhere else.
 
 use std::cell::{Cell, RefCell, UnsafeCell};
 use std::marker::PhantomData;
@@ -88,8 +88,10 @@ pub(crate) struct CpuSet<S, O> {
 // once thanks to the `busy` flag), and the shared slot only under
 // `shared_lock`. So `O` needs to be `Send` (it moves between threads over
 // time) but never `Sync`; `S` is shared by reference and must be `Sync`.
+#[allow(unsafe_code)]
 unsafe impl<S: Sync, O: Send> Sync for CpuSet<S, O> {}
 // SAFETY: moving the set moves plain data; the same bounds as above apply.
+#[allow(unsafe_code)]
 unsafe impl<S: Send, O: Send> Send for CpuSet<S, O> {}
 
 /// Exclusive use of one slot for the length of one operation.
@@ -247,6 +249,7 @@ impl<S, O> Claim<'_, S, O> {
     }
 
     /// Both parts at once.
+    #[allow(unsafe_code)]
     pub(crate) fn parts(&mut self) -> (&S, &mut O) {
         let slot = &self.set.slots[self.index];
         // SAFETY: as in `owned`; `shared` is a different field.

@@ -33,8 +33,8 @@
 //! the magazine.
 
 // This file holds unsafe code, each block with its `// SAFETY:`
-// argument; the crate denies `unsafe_code` everywhere else.
-#![allow(unsafe_code)]
+// argument, and each item that holds one allows `unsafe_code` on itself:
+// the crate denies it everywhere else.
 
 use super::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use super::cell::UnsafeCell;
@@ -182,8 +182,10 @@ pub struct PerCpuCache<T> {
 // the module docs (one owner per current magazine, proven by its unique
 // `RcuReader`; drainers only after a grace period, serialized by
 // `drain_lock`); items move between threads, so `T: Send` suffices.
+#[allow(unsafe_code)]
 unsafe impl<T: Send> Sync for PerCpuCache<T> {}
 // SAFETY: as above.
+#[allow(unsafe_code)]
 unsafe impl<T: Send> Send for PerCpuCache<T> {}
 
 impl<T> std::fmt::Debug for PerCpuCache<T> {
@@ -224,6 +226,7 @@ impl<T> PerCpuCache<T> {
     /// section. Panics if `reader` is not one of this cache's `Rcu`, or on
     /// re-entry from `f`.
     #[inline]
+    #[allow(unsafe_code)]
     pub fn local<R>(&self, rcu: &Rcu, reader: &RcuReader, f: impl FnOnce(&mut Magazine<T>) -> R) -> R {
         assert!(rcu.id() == self.rcu_id && reader.belongs_to(rcu), "reader of another Rcu");
         let slot = &self.cpus[reader.index()];
@@ -258,6 +261,7 @@ impl<T> PerCpuCache<T> {
     /// allocation that drains would fail with frames in flight).
     ///
     /// Must not be called inside a read-side section of the calling thread.
+    #[allow(unsafe_code)]
     pub fn drain_all(&self, rcu: &Rcu, sink: impl FnOnce(Vec<T>)) -> usize {
         assert!(rcu.id() == self.rcu_id, "drain with another Rcu");
         // (The loom shim's mutex under models: the rank is entered apart.)

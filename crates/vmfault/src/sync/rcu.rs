@@ -80,8 +80,8 @@
 //! it guards the Release on the entry store (`rcu_relaxed_entry`).
 
 // This file holds unsafe code, each block with its `// SAFETY:`
-// argument; the crate denies `unsafe_code` everywhere else.
-#![allow(unsafe_code)]
+// argument, and each item that holds one allows `unsafe_code` on itself:
+// the crate denies it everywhere else.
 
 use std::cell::Cell;
 use std::mem::ManuallyDrop;
@@ -437,6 +437,7 @@ impl Rcu {
 
     /// [`reclaim`](Rcu::reclaim), giving each object to `take` (which
     /// keeps it where the caller likes: reclaiming allocates nothing).
+    #[allow(unsafe_code)]
     pub fn reclaim_each<T>(&self, list: &mut Vec<Retired<T>>, wait: bool, mut take: impl FnMut(T)) {
         assert!(list.iter().all(|r| r.rcu == self.id()), "Retired of another Rcu");
         if wait && list.iter().any(|r| !self.elapsed(r.cookie)) {
@@ -573,8 +574,10 @@ pub struct RcuBox<T> {
 
 // SAFETY: readers on other threads get `&T` (needs `Sync`); the value is
 // dropped on whichever thread reclaims it (needs `Send`).
+#[allow(unsafe_code)]
 unsafe impl<T: Send + Sync> Sync for RcuBox<T> {}
 // SAFETY: as above.
+#[allow(unsafe_code)]
 unsafe impl<T: Send + Sync> Send for RcuBox<T> {}
 
 impl<T> RcuBox<T> {
@@ -585,6 +588,7 @@ impl<T> RcuBox<T> {
 
     /// The current value, for as long as the read-side section lasts.
     #[inline]
+    #[allow(unsafe_code)]
     pub fn read<'a>(&'a self, _section: &'a RcuReadGuard<'_>) -> &'a T {
         // SAFETY: never null; a value is dropped only through `Retired`,
         // after a grace period that started once it was unpublished, so it
@@ -611,6 +615,7 @@ impl<T> RcuBox<T> {
     }
 
     /// The value, which no reader can be using (`&mut self`).
+    #[allow(unsafe_code)]
     pub fn get_mut(&mut self) -> &mut T {
         // SAFETY: never null, from `Box::into_raw`; `&mut self` means no
         // reader borrows us (reads are tied to a borrow of `self`).
@@ -618,6 +623,7 @@ impl<T> RcuBox<T> {
     }
 
     /// Publish `value`; the old one comes back to be reclaimed after a grace period.
+    #[allow(unsafe_code)]
     pub fn replace(&self, rcu: &Rcu, value: T) -> Retired<Box<T>> {
         let old = self.ptr.swap(Box::into_raw(Box::new(value)), Ordering::AcqRel);
         // SAFETY: `old` came from `Box::into_raw` and is now unpublished; it
@@ -627,6 +633,7 @@ impl<T> RcuBox<T> {
 }
 
 impl<T> Drop for RcuBox<T> {
+    #[allow(unsafe_code)]
     fn drop(&mut self) {
         // SAFETY: `&mut self` means no reader borrows us (reads are tied to
         // a borrow of `self`); the pointer came from `Box::into_raw`.
@@ -652,8 +659,10 @@ pub struct RcuArc<T> {
 
 // SAFETY: as for `RcuBox`: readers on other threads get `&T` (`Sync`); the
 // last reference may drop on whichever thread reclaims it (`Send`).
+#[allow(unsafe_code)]
 unsafe impl<T: Send + Sync> Sync for RcuArc<T> {}
 // SAFETY: as above.
+#[allow(unsafe_code)]
 unsafe impl<T: Send + Sync> Send for RcuArc<T> {}
 
 fn into_ptr<T>(value: Option<Arc<T>>) -> *mut T {
@@ -663,6 +672,7 @@ fn into_ptr<T>(value: Option<Arc<T>>) -> *mut T {
 /// # Safety
 /// `p` is null or came from [`into_ptr`], and its reference is given up
 /// here exactly once.
+#[allow(unsafe_code)]
 unsafe fn from_ptr<T>(p: *mut T) -> Option<Arc<T>> {
     // SAFETY: the caller's promise: a pointer from `Arc::into_raw` whose
     // reference nobody else will take back.
@@ -677,6 +687,7 @@ impl<T> RcuArc<T> {
 
     /// The current value, for as long as the read-side section lasts.
     #[inline]
+    #[allow(unsafe_code)]
     pub fn read<'a>(&'a self, _section: &'a RcuReadGuard<'_>) -> Option<&'a T> {
         // SAFETY: null or from `Arc::into_raw`; the reference it stands for
         // is given back only through `Retired`, after a grace period that
@@ -688,6 +699,7 @@ impl<T> RcuArc<T> {
 
     /// Publish `value`; the old one comes back to be dropped after a grace
     /// period.
+    #[allow(unsafe_code)]
     pub fn replace(&self, rcu: &Rcu, value: Option<Arc<T>>) -> Retired<Option<Arc<T>>> {
         let old = self.ptr.swap(into_ptr(value), Ordering::AcqRel);
         // SAFETY: `old` was published by `new` or `replace` and is now
@@ -698,6 +710,7 @@ impl<T> RcuArc<T> {
 }
 
 impl<T> Drop for RcuArc<T> {
+    #[allow(unsafe_code)]
     fn drop(&mut self) {
         // SAFETY: `&mut self` means no reader borrows us (reads are tied to
         // a borrow of `self`); the pointer's reference is taken back once.
