@@ -27,7 +27,7 @@
 //!
 //! | to read | start at |
 //! |---|---|
-//! | a fault, from the access to the PTE | `aspace/access.rs` (the software MMU: walk, miss) -> `fault/mod.rs` (`handle_looked` picks the path) -> `fault/speculative.rs`, `fault/vma_lock.rs` (both through `fault/lockless.rs`) or `fault/classic.rs` -> `fault/anon.rs` (`new_page`, `commit_locked`, shared by all three) -> `object/mod.rs` (`reserve`, `insert`) and `pmap/table.rs` |
+//! | a fault, from the access to the PTE | `aspace/access.rs` (the software MMU: walk, miss) -> `fault/mod.rs` (`handle_looked` picks the path) -> `fault/speculative.rs`, `fault/vma_lock.rs` (both through `fault/lockless.rs`) or `fault/classic.rs` -> `fault/resolve.rs` (`new_page`, `commit_locked`, shared by all three) -> `object/mod.rs` (`reserve`, `insert`) and `pmap/table.rs` |
 //! | the lock order and the lock tags | below, in this file; each field's tag in its doc comment |
 //! | the frame protocol (owned, published, freed after a grace period) | `phys/mod.rs` (its three rules), `phys/page.rs` (frame kinds) |
 //! | a page's life: allocation, order, freeing | `phys/pcpu.rs` (`Frames::alloc`), `phys/freelist.rs`, `phys/deferred.rs` (`free_path=deferred`) |

@@ -309,7 +309,7 @@ fn faults_racing_mmap_munmap_mprotect_madvise() {
 }
 
 /// First faults of several vCPUs on one VMA that has no object yet race
-/// to give it one with no lock (`fault::anon::prepare`): exactly one
+/// to give it one with no lock (`fault::resolve::prepare`): exactly one
 /// object wins, every vCPU's store lands in it, and the reverse map holds
 /// exactly one record for the VMA (a loser forgets the record it made
 /// before publishing; a winner's record is there before any page of its

@@ -2,7 +2,8 @@
 //! shootdown of `phys::free_after_grace`) and, later, drains per-CPU caches.
 //!
 //! A reader vCPU loads a PTE inside a read-side section and, if it maps the
-//! frame, reads the frame. The writer clears the PTE, waits for a grace
+//! frame, reads the frame (a copy of the software MMU's steps,
+//! `aspace/access.rs`; the RCU is the real one). The writer clears the PTE, waits for a grace
 //! period, and reuses the frame (a plain write, as reallocation zeroing
 //! does). Loom's `UnsafeCell` flags any reuse that is not ordered after the
 //! reader's access.

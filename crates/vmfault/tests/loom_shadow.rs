@@ -7,7 +7,9 @@
 //! walker must find the page whichever way the race goes.
 //!
 //! The walk uses the real `RcuBox::read_then` (the backing pointer is loaded
-//! before the entry) and the real grace period. With
+//! before the entry) and the real grace period; its steps and the
+//! collapse's are a copy of `object/shadow.rs` (`find_from`, `absorb`),
+//! which points back here. With
 //! `--cfg vmfault_mutation="shadow_entry_first"` (the entry first) the walker
 //! can read `L` before the page arrives and the new pointer after it, and
 //! miss the page: the model then fails.

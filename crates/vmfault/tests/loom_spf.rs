@@ -1,7 +1,10 @@
 //! Loom model of a speculative page fault racing munmap (or mprotect),
 //! built from the real pieces: `VmaState` (the VMA's sequence count), the
 //! PTE word lock, `RcuBox`/`Rcu::reclaim` (the VMA index snapshot and its
-//! reclamation after a grace period).
+//! reclamation after a grace period). The steps of the fault and of the
+//! writers are a copy of `fault/speculative.rs` and `fault/vma_lock.rs`
+//! (and of `aspace/munmap.rs`'s retire, zap and free), which point back
+//! here: a change of their order must be made in both.
 //!
 //! The fault finds the VMA under RCU, checks it is live, prepares its page,
 //! takes the PTE lock, re-checks the VMA under the lock and installs the

@@ -2,9 +2,10 @@
 //! stores to it (`object/file.rs`, `sync::write_back_ordered`).
 //!
 //! The vCPU stores through its PTE inside an RCU section, as the software
-//! MMU does (`aspace/access.rs`); when the PTE is read-only it faults,
+//! MMU does (`aspace/access.rs`; the vCPU's steps are a copy of it and of
+//! the fault's install); when the PTE is read-only it faults,
 //! which under the PTE lock marks the page dirty and then makes the PTE
-//! writable (`fault::anon::commit_locked`). The write-back takes the dirty
+//! writable (`fault::resolve::commit_locked`). The write-back takes the dirty
 //! bit, write-protects the PTE under the PTE lock and waits for a grace
 //! period, then copies the page out, through the real
 //! `write_back_ordered`, the real RCU and the real PTE word lock.

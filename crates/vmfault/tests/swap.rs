@@ -232,7 +232,7 @@ fn fork_chains(path: FaultPath) {
 /// (from all of it down to none): each fault ends, with the copy (the
 /// child sees the parent's data with its own store) or with ENOMEM, never
 /// with a wrong page. A fault that reads the page below in holds it until
-/// the copy is made (`fault::anon::ReadIn`); without that hold the
+/// the copy is made (`fault::resolve::ReadIn`); without that hold the
 /// differential test's small machine hung about one run in twenty (the
 /// daemon paged the page out again to free the copy's frame, and the fault
 /// looked again for ever), a sequence this sweep has not reproduced on its

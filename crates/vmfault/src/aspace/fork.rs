@@ -143,7 +143,7 @@ impl Space {
             // now, before the new level goes on top. Lacking frames, a chain
             // just stays longer.
             for (old, _) in &fronts {
-                if let Ok(n) = old.collapse_locked(ctx, &mut frames, &mut absorbed) {
+                if let Ok(n) = old.collapse_locked(&map, ctx, &mut frames, &mut absorbed) {
                     ctx.count_n(Counter::shadow_collapses, u64::from(n));
                 }
             }

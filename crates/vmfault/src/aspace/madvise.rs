@@ -142,7 +142,7 @@ impl Space {
                 if !v.is_shared()
                     && let Some(o) = v.object.get()
                 {
-                    o.punch_locked(ctx, v.pindex(s), v.pindex(e), &mut frames);
+                    o.punch_locked(&map, ctx, v.pindex(s), v.pindex(e), &mut frames);
                 }
                 Ok(())
             });

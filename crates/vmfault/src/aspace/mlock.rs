@@ -16,7 +16,7 @@
 //! locked mapping is *wired*, one wiring per PTE, and the PTE carries a
 //! wired mark (`PG_W`) saying so. Whoever clears such a PTE, or replaces
 //! its page (copy-on-write), unwires the page (`aspace::pte_cleared`,
-//! `fault::anon::commit_locked`); `munlock` drops the marks and the
+//! `fault::resolve::commit_locked`); `munlock` drops the marks and the
 //! wirings. A wired page is never reclaimed (`RefCount::try_isolate` fails).
 //! The wiring goes through `PhysMem::wire_mapped`, so that
 //! `VmConfig::refcount` decides what it costs: one atomic operation, or

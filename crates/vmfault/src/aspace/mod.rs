@@ -280,6 +280,8 @@ impl MapWrite<'_> {
     }
 }
 
+impl crate::object::MapWriteHeld for MapWrite<'_> {}
+
 impl Drop for MapWrite<'_> {
     fn drop(&mut self) {
         let s = self.space;
@@ -756,7 +758,7 @@ impl Drop for Space {
         file::write_back_at_exit(&self.vm.m, &vmas);
         drop(vmas);
         for cpu in self.zones.cpus.iter_mut() {
-            let mut retired = std::mem::take(cpu.0.retired.get_mut().unwrap_or_else(|p| p.into_inner()));
+            let mut retired = std::mem::take(rank::unpoisoned(cpu.0.retired.get_mut()));
             drop(self.vm.m.rcu.reclaim(&mut retired, true));
         }
         let mut frames = self.vm.m.take_orphans();

@@ -135,7 +135,7 @@ impl Space {
             if !v.is_shared()
                 && let Some(o) = v.object.get()
             {
-                o.punch_locked(ctx, v.pgoff, v.pindex(v.end), frames);
+                o.punch_locked(map, ctx, v.pgoff, v.pindex(v.end), frames);
             }
         }
         if prune {

@@ -74,7 +74,7 @@ pub(crate) struct Vma {
     /// offsets contiguous across neighbours that may merge.
     pub(crate) pgoff: u64,
     /// `[a]` set once: the object. Shared mappings get it at mmap; private
-    /// anonymous memory at its first write fault (`fault::anon::prepare`:
+    /// anonymous memory at its first write fault (`fault::resolve::prepare`:
     /// recorded on the object's reverse map before it is set here).
     pub(crate) object: OnceLock<Arc<Object>>,
     /// `[a]` live or retired (see `sync::vma_state`): retired, under the

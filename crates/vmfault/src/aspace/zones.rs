@@ -49,7 +49,7 @@ use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use super::vma::{Lookup, Owner, Snapshot, SnapshotNode, SnapshotRef, Vma, VmaTree};
 use crate::sync::CachePadded;
-use crate::sync::rank::{Rank, Ranked};
+use crate::sync::rank::{self, Rank, Ranked};
 use crate::sync::rcu::{RcuArc, RcuReadGuard, Retired};
 use crate::types::TASK_SIZE;
 
@@ -218,7 +218,7 @@ impl Zones {
 
     /// Lock zones `first..=last` for writing, in order (blocking).
     pub(super) fn write(&self, first: usize, last: usize) -> Held<Ranked<RwLockWriteGuard<'_, VmaTree>>> {
-        let take = |z: usize| Ranked::take(Rank::Map, || self.zones[z].map.write().unwrap_or_else(|p| p.into_inner()));
+        let take = |z: usize| Ranked::take(Rank::Map, || rank::unpoisoned(self.zones[z].map.write()));
         Held::collect(first, last, take)
     }
 
@@ -232,11 +232,7 @@ impl Zones {
         let mut busy = None;
         let held = Held::try_collect(first, last, |z| {
             let zone = &self.zones[z].map;
-            let got = Ranked::try_take(Rank::Map, || match zone.try_write() {
-                Ok(g) => Some(g),
-                Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
-                Err(std::sync::TryLockError::WouldBlock) => None,
-            });
+            let got = Ranked::try_take(Rank::Map, || rank::try_unpoisoned(zone.try_write()));
             if got.is_none() {
                 busy = Some(z);
             }
@@ -248,15 +244,13 @@ impl Zones {
     /// Lock zones `first..=last` for writing, of a space nobody else can
     /// reach yet (a `fork` child, under its parent's locks).
     pub(super) fn write_unreachable(&self, first: usize, last: usize) -> Held<Ranked<RwLockWriteGuard<'_, VmaTree>>> {
-        let take = |z: usize| {
-            Ranked::take_unreachable(Rank::Map, || self.zones[z].map.write().unwrap_or_else(|p| p.into_inner()))
-        };
+        let take = |z: usize| Ranked::take_unreachable(Rank::Map, || rank::unpoisoned(self.zones[z].map.write()));
         Held::collect(first, last, take)
     }
 
     /// Lock zones `first..=last` for reading, in order.
     pub(super) fn read(&self, first: usize, last: usize) -> Held<Ranked<RwLockReadGuard<'_, VmaTree>>> {
-        let take = |z: usize| Ranked::take(Rank::Map, || self.zones[z].map.read().unwrap_or_else(|p| p.into_inner()));
+        let take = |z: usize| Ranked::take(Rank::Map, || rank::unpoisoned(self.zones[z].map.read()));
         Held::collect(first, last, take)
     }
 
@@ -284,7 +278,7 @@ impl Zones {
 
     /// Every zone's index, of a space nobody can reach any more.
     pub(super) fn trees_mut(&mut self) -> impl Iterator<Item = &mut VmaTree> {
-        self.zones.iter_mut().map(|z| z.0.map.get_mut().unwrap_or_else(|p| p.into_inner()))
+        self.zones.iter_mut().map(|z| rank::unpoisoned(z.0.map.get_mut()))
     }
 
     /// The published indexes of every zone, for a search with no lock.

@@ -3,9 +3,9 @@
 //!
 //! Lock order here: map lock (read), then (inside an RCU section) the PTE
 //! lock, then the free-list lock inside allocations; a VMA that needs an
-//! object gets one with no lock (`anon::prepare`).
+//! object gets one with no lock (`resolve::prepare`).
 
-use super::{Fault, Resolved, anon};
+use super::{Fault, Resolved, resolve};
 use crate::aspace::Space;
 use crate::aspace::vma::Lookup;
 use crate::error::{Error, Result, SegvCode};
@@ -25,13 +25,13 @@ pub(super) fn fault(ctx: &Ctx<'_>, space: &Space, fault: Fault, f: &mut impl FnM
     if !vma.prot.allows(fault.access) {
         return Err(fault.segv(ctx, SegvCode::AccErr));
     }
-    let object = if anon::may_allocate(ctx, vma, &fault) {
+    let object = if resolve::may_allocate(ctx, vma, &fault) {
         Some(
-            anon::prepare(ctx, space, &map, vma)
+            resolve::prepare(ctx, space, &map, vma)
                 .map_err(|_| Error::NoMemory { op: fault.op, what: "an object's page index" })?,
         )
     } else {
         vma.object.get()
     };
-    anon::resolve_stable(ctx, space, vma, object, fault, f)
+    resolve::resolve_stable(ctx, space, vma, object, fault, f)
 }

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use super::anon::{self, Fresh};
+use super::resolve::{self, Fresh};
 use super::{Abort, Fault};
 use crate::aspace::Space;
 use crate::aspace::vma::Vma;
@@ -39,7 +39,7 @@ pub(super) fn vma<'s>(
         return Err(Abort::Access);
     }
     let object = vma.object.get();
-    if object.is_none() && anon::may_allocate(ctx, vma, fault) {
+    if object.is_none() && resolve::may_allocate(ctx, vma, fault) {
         return Err(Abort::NoAnon);
     }
     Ok((vma, object))
@@ -76,7 +76,7 @@ pub(super) fn page<'p>(
     // (A denied access allocates nothing: the per-VMA lock reports it
     // after this, the speculative path has left it to the classic one.)
     let slot = match object {
-        Some(o) if anon::may_allocate(ctx, vma, fault) && vma.prot.allows(fault.access) => {
+        Some(o) if resolve::may_allocate(ctx, vma, fault) && vma.prot.allows(fault.access) => {
             Some(o.reserve(frames, pindex, &ctx.own.index_hint).map_err(|_| Abort::NoMem)?)
         }
         _ => None,
@@ -88,6 +88,6 @@ pub(super) fn page<'p>(
     if matches!(found, Found::Uncached | Found::Swapped { .. }) {
         return Err(Abort::Io);
     }
-    let fresh = anon::new_page(ctx, frames, vma, object, pindex, found, fault, slot).map_err(|_| Abort::NoMem)?;
-    Ok(Prepared { pindex, found, fresh: anon::filled(frames, fresh, found, fault.addr) })
+    let fresh = resolve::new_page(ctx, frames, vma, object, pindex, found, fault, slot).map_err(|_| Abort::NoMem)?;
+    Ok(Prepared { pindex, found, fresh: resolve::filled(frames, fresh, found, fault.addr) })
 }

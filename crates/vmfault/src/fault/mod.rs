@@ -15,11 +15,12 @@
 //! - `vma_lock`: a per-VMA read lock (Linux 6.4's per-VMA locks).
 //!
 //! The lockless two fall back to the classic path when they cannot finish,
-//! counting why (the seed's `spf_*` counters) and emitting a `tracing`
+//! counting why (the `spf_*` counters, the SPF series' names) and emitting a `tracing`
 //! event at debug level (target `vmfault::fault`).
 //!
-//! `anon`: what happens once the VMA is known: choose a page (the
-//! object's, the zero page, or a new zeroed one), then install the PTE
+//! `resolve`: what happens once the VMA is known: choose a page (the
+//! object's, one below it in a copy-on-write chain, the zero page, a new
+//! zeroed one, or a file's or swap's page read in), then install the PTE
 //! under the PTE lock. Shared by every path.
 //!
 //! # Default
@@ -36,9 +37,9 @@
 //! VMA snapshot is published per change: mmap1 and brk1 run at 0.68-0.82x
 //! of MapLock), which the fault-heavy workloads more than repay.
 
-mod anon;
 mod classic;
 mod lockless;
+mod resolve;
 mod speculative;
 mod vma_lock;
 
@@ -157,7 +158,7 @@ pub(crate) fn prepare_object_locked(
     map: &impl crate::aspace::MapHeld,
     vma: &std::sync::Arc<crate::aspace::vma::Vma>,
 ) -> Result<(), ()> {
-    anon::prepare(ctx, space, map, vma).map(|_| ())
+    resolve::prepare(ctx, space, map, vma).map(|_| ())
 }
 
 /// A fault as the software MMU found it: the RCU section its lookup ran

@@ -18,13 +18,16 @@
 //!    that the VMA is still live *under the lock*: a writer retires a VMA
 //!    before it takes the PTE locks to zap or narrow, so either we see the
 //!    retirement, or our install precedes its zap;
-//! 5. install as every path does (`anon::commit_locked`).
+//! 5. install as every path does (`resolve::commit_locked`).
 //!
 //! Any check that fails frees what was prepared and aborts with its reason;
 //! the caller counts it, emits a trace event and runs the classic path.
+//!
+//! `tests/loom_spf.rs` checks a copy of these steps against munmap and
+//! mprotect: change their order there too.
 
-use super::anon::{self, Commit};
 use super::lockless::{self, Prepared};
+use super::resolve::{self, Commit};
 use super::{Abort, Fault, Looked, Resolved};
 use crate::aspace::Space;
 use crate::machine::Ctx;
@@ -69,9 +72,9 @@ pub(super) fn fault(
     };
     if !vma.state.still_live_under(&guard) {
         drop(guard);
-        anon::discard(&frames, fresh);
+        resolve::discard(&frames, fresh);
         return Err(Abort::VmaChanged);
     }
     let c = Commit { space, object, pindex, found, fresh };
-    Ok(anon::commit_locked(ctx, &frames, vma, &leaf, &guard, c, fault, f))
+    Ok(resolve::commit_locked(ctx, &frames, vma, &leaf, &guard, c, fault, f))
 }

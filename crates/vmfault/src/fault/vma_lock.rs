@@ -17,9 +17,12 @@
 //! when it has no object yet (as Linux's first version did when
 //! `anon_vma` was still NULL), or when no frame can be had without a grace
 //! period (draining other vCPUs' caches).
+//!
+//! `tests/loom_spf.rs` checks a copy of these steps against munmap and
+//! mprotect: change their order there too.
 
-use super::anon::{self, Commit};
 use super::lockless::{self, Prepared};
+use super::resolve::{self, Commit};
 use super::{Abort, Fault, Resolved};
 use crate::aspace::Space;
 use crate::error::{Result, SegvCode};
@@ -63,7 +66,7 @@ fn locked(
     let leaf = match space.pmap.pte_alloc(frames, fault.addr) {
         Ok(leaf) => leaf,
         Err(_) => {
-            anon::discard(frames, c.fresh.take());
+            resolve::discard(frames, c.fresh.take());
             return Err(Abort::NoMem);
         }
     };
@@ -71,5 +74,5 @@ fn locked(
     if contended {
         ctx.count(Counter::pte_lock_contended);
     }
-    Ok(Ok(anon::commit_locked(ctx, frames, vma, &leaf, &ptl, c, fault, f)))
+    Ok(Ok(resolve::commit_locked(ctx, frames, vma, &leaf, &ptl, c, fault, f)))
 }

@@ -46,7 +46,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Condvar, Mutex, Weak};
 
 use super::{Cx, Env};
-use super::{DIRTY, Entry, Insert, Object, SwapOut, WRITEBACK};
+use super::{Entry, Insert, Object, SwapOut};
 use crate::error::{Error, Op, Result};
 use crate::phys::{Frames, OwnedFrame, Pfn};
 use crate::pmap::OutOfFrames;
@@ -258,7 +258,7 @@ impl Object {
     /// A shared mapping may write page `pindex` from now on.
     pub(crate) fn mark_dirty(&self, pindex: u64) {
         if let Some(leaf) = self.index.leaf(&self.env.phys, pindex) {
-            leaf.entry.fetch_or(DIRTY, std::sync::atomic::Ordering::Relaxed);
+            Entry::set_dirty(leaf.entry);
         }
     }
 
@@ -322,7 +322,7 @@ impl Object {
         let _g = rank::lock(&fd.ended, Rank::Leaf);
         for &(i, _) in pages {
             if let Some(leaf) = self.index.leaf(&self.env.phys, i) {
-                leaf.entry.fetch_and(!WRITEBACK, std::sync::atomic::Ordering::AcqRel);
+                Entry::end_writeback(leaf.entry);
             }
         }
         fd.written.notify_all();

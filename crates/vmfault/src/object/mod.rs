@@ -67,6 +67,13 @@ use crate::phys::{Frames, Kind, OwnedFrame, PageQueues, Pfn, Queue};
 use crate::pmap::{OutOfFrames, Radix};
 use crate::sync::rcu::RcuBox;
 
+/// Proof that the caller holds the map lock of the space that maps an
+/// object, for writing: object operations whose precondition is that lock
+/// (`punch_locked`, `collapse_locked`) take one, so the precondition is a
+/// type as far as this layer can name one. The one implementation is the
+/// guard of the layer above (`aspace::MapWrite`).
+pub(crate) trait MapWriteHeld {}
+
 /// A VM object.
 #[derive(Debug)]
 pub(crate) struct Object {
@@ -201,6 +208,22 @@ impl Entry {
     #[inline]
     fn taken_for_writeback(self) -> Entry {
         Entry((self.0 & !DIRTY) | WRITEBACK)
+    }
+
+    /// Mark the entry in `word` `DIRTY` (a shared mapping may write its
+    /// page from now on); relaxed: the PTE that lets the store through is
+    /// installed after, under the PTE lock.
+    #[inline]
+    fn set_dirty(word: &std::sync::atomic::AtomicU64) {
+        word.fetch_or(DIRTY, Ordering::Relaxed);
+    }
+
+    /// Clear the `WRITEBACK` bit of the entry in `word` (a write-back
+    /// ended); AcqRel: the page daemon that sees it clear sees the copy
+    /// done.
+    #[inline]
+    fn end_writeback(word: &std::sync::atomic::AtomicU64) {
+        word.fetch_and(!WRITEBACK, Ordering::AcqRel);
     }
 }
 

@@ -21,7 +21,7 @@
 //! two: the order against collapses (top-down) cannot be violated.
 //!
 //! Records are added when a VMA with an object enters a space's index (or
-//! gets its object, `anon::prepare`) and removed when it leaves it, under
+//! gets its object, `resolve::prepare`) and removed when it leaves it, under
 //! the map lock; several identical VMAs may be in flight at once (a
 //! renewed VMA and its retired copy), so records are a multiset.
 //!

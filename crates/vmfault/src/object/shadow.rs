@@ -36,12 +36,15 @@
 //! DragonFly limits chains the same way (its `vm_map_backing` records hang
 //! off the map entry); Linux has no chains: its anonymous pages are shared
 //! per page, counted by `mapcount`, and found back through `anon_vma`.
+//!
+//! `tests/loom_shadow.rs` checks a copy of the walk (`find_from`) and of
+//! the move up (`absorb`) against each other: change their order there too.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::{Cx, Env};
-use super::{Entry, Object, Slot};
+use super::{Entry, MapWriteHeld, Object, Slot};
 use crate::phys::Pfn;
 use crate::pmap::OutOfFrames;
 use crate::sync::rcu::{RcuReadGuard, Retired};
@@ -216,10 +219,17 @@ impl Object {
     ///
     /// # Preconditions
     /// - The map lock of the space mapping this object is held for writing
-    ///   and its PTEs in the range are cleared.
+    ///   (`_map`, its guard) and its PTEs in the range are cleared.
     /// - [`reserve_holes`](Object::reserve_holes) ran for the range under
     ///   the same lock hold (holes then never allocate).
-    pub(crate) fn punch_locked(&self, ctx: &Cx<'_>, start: u64, end: u64, out: &mut Vec<Pfn>) -> u64 {
+    pub(crate) fn punch_locked(
+        &self,
+        _map: &impl MapWriteHeld,
+        ctx: &Cx<'_>,
+        start: u64,
+        end: u64,
+        out: &mut Vec<Pfn>,
+    ) -> u64 {
         let n = self.remove_range(start, end, out);
         let holes = {
             let section = ctx.rcu_read();
@@ -249,10 +259,11 @@ impl Object {
     ///
     /// # Preconditions
     /// The map lock of the one space whose VMAs map this object is held
-    /// for writing and those VMAs are retired (their lockless faults fail
+    /// for writing (`_map`, its guard) and those VMAs are retired (their lockless faults fail
     /// their final check, their read-lockers were waited for).
     pub(crate) fn collapse_locked(
         self: &Arc<Self>,
+        _map: &impl MapWriteHeld,
         ctx: &Cx<'_>,
         out: &mut Vec<Pfn>,
         absorbed: &mut Vec<Absorbed>,

@@ -121,12 +121,9 @@ impl Object {
     /// Only tries the object lock (see the module docs): [`SwapOut::Busy`]
     /// if another holds it (the caller may try again later).
     pub(crate) fn swap_out(&self, pindex: u64, pfn: Pfn, slot: u64) -> SwapOut {
-        let locked =
-            crate::sync::rank::Ranked::try_take(crate::sync::rank::Rank::Object, || match self.lock.try_lock() {
-                Ok(g) => Some(g),
-                Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
-                Err(std::sync::TryLockError::WouldBlock) => None,
-            });
+        let locked = crate::sync::rank::Ranked::try_take(crate::sync::rank::Rank::Object, || {
+            crate::sync::rank::try_unpoisoned(self.lock.try_lock())
+        });
         let Some(_g) = locked else { return SwapOut::Busy };
         if self.absorbed.load(Ordering::Relaxed) {
             return SwapOut::Lost;

@@ -20,7 +20,11 @@
 //!    be freed and reused between them); the wiring keeps a racing
 //!    `munmap` from freeing it afterwards; `BLOCKED` makes `wire_mapped`
 //!    fail and faults that find the page retry
-//!    (`fault::anon::commit_locked`). A wired page is never taken.
+//!    (`fault::resolve::commit_locked`). A wired page is never taken.
+//!
+//! `tests/loom_refcount.rs` checks a copy of these steps on one page
+//! against holds through a mapping and through the index: change their
+//! order there too.
 //! 2. *Unmap* it from every space through the reverse map
 //!    (`aspace::unmap_everywhere_unlocked`: no map lock, see there).
 //! 3. *Wait for a grace period* (once per batch): no store through an old

@@ -1,8 +1,15 @@
 //! Synchronization primitives, written once for `std` and once for loom.
 //!
-//! Everything that the concurrency protocols of the crate depend on goes
-//! through this module, so the loom models in `tests/loom_*.rs` check the
-//! code that runs, not a copy of it:
+//! The primitives the concurrency protocols of the crate are built from
+//! live here, written once for `std` and loom, so the loom models in
+//! `tests/loom_*.rs` run the very primitives production runs. The
+//! sequences of steps that use them in the layers above (a fault, a
+//! pageout, a collapse) need a whole machine; a model writes such a
+//! sequence out as a copy, says whose copy it is, and the production code
+//! names the model that checks it (`tests/loom_spf.rs` for the fault
+//! paths, `loom_refcount.rs` for pageout, `loom_shadow.rs` for the
+//! collapse and the chain walk, `loom_writeback.rs` for write-back,
+//! `loom_rcu.rs` for the frees after a grace period). The primitives:
 //!
 //! - [`rcu`]: a small RCU with a *blocking* `synchronize()` (no crate offers
 //!   one): per-reader counters that are odd inside a read-side section.

@@ -266,7 +266,7 @@ impl<T> PerCpuCache<T> {
         assert!(rcu.id() == self.rcu_id, "drain with another Rcu");
         // (The loom shim's mutex under models: the rank is entered apart.)
         let _rank = super::rank::RankGuard::enter(super::rank::Rank::PcpDrain);
-        let _g = self.drain_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _g = super::rank::unpoisoned(self.drain_lock.lock());
         let mut old = Vec::new();
         for slot in self.cpus.iter() {
             let cur = slot.current.load(Ordering::Relaxed);

@@ -218,7 +218,26 @@ impl<'a, T> Ranked<std::sync::MutexGuard<'a, T>> {
 /// it was held left data that every user of these locks re-validates).
 #[inline]
 pub(crate) fn lock<T>(m: &std::sync::Mutex<T>, rank: Rank) -> Ranked<std::sync::MutexGuard<'_, T>> {
-    Ranked::take(rank, || m.lock().unwrap_or_else(|p| p.into_inner()))
+    Ranked::take(rank, || unpoisoned(m.lock()))
+}
+
+/// The guard of a lock call, poisoned or not: the crate's one rule for
+/// poisoning (see [`lock`]). For `RwLock`s and `get_mut`, which [`lock`]
+/// does not take.
+#[inline]
+pub(crate) fn unpoisoned<G>(r: std::sync::LockResult<G>) -> G {
+    r.unwrap_or_else(|p| p.into_inner())
+}
+
+/// The guard of a try-lock call, poisoned or not; `None` if another holds
+/// the lock.
+#[inline]
+pub(crate) fn try_unpoisoned<G>(r: std::sync::TryLockResult<G>) -> Option<G> {
+    match r {
+        Ok(g) => Some(g),
+        Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    }
 }
 
 #[cfg(all(test, debug_assertions, not(loom)))]

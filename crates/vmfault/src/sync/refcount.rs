@@ -20,7 +20,7 @@
 //! `try_isolate` is the page daemon's first step (`reclaim`): its own
 //! wiring keeps the frame from being freed under it by a racing `munmap`,
 //! and `BLOCKED` makes faults that find the page refuse to map it (they
-//! retry: `fault::anon::commit_locked`) until the daemon either gives up
+//! retry: `fault::resolve::commit_locked`) until the daemon either gives up
 //! (`unblock`, `unwire`) or has replaced it by a swap slot and frees it:
 //! `BLOCKED` then stays set until the frame is freed after a grace period,
 //! so a fault still holding the frame number from before sees it.

@@ -1,5 +1,7 @@
-//! Resolving a fault in a known VMA of anonymous memory (Linux's
-//! `do_anonymous_page` and the write-fault half of `do_wp_page`).
+//! Resolving a fault in a known VMA: the page it needs, then the PTE
+//! (Linux's `do_anonymous_page`, the write-fault half of `do_wp_page`,
+//! and the first half of `do_swap_page` and `filemap_fault`: a page of a
+//! file or of swap is read in first).
 //!
 //! `resolve_stable` serves the classic path (the VMA pinned by the map
 //! lock); `commit_locked`, the part under the PTE lock, serves every path.
