@@ -121,10 +121,6 @@ pub(crate) struct Ctx<'a> {
     pub(crate) cpu: &'a PerCpu,
     /// The claimed slot's owner-only part.
     pub(crate) own: &'a PerCpuOwned,
-    /// PTEs of shared mappings this operation cleared: their pages live on,
-    /// so even with `free_path=deferred` the operation waits for a grace
-    /// period before it returns (`Space::finish`).
-    shared_zaps: Cell<u64>,
 }
 
 impl<'a> std::ops::Deref for Ctx<'a> {
@@ -149,17 +145,7 @@ impl<'a> Ctx<'a> {
             next_object: &own.next_object,
             index,
         };
-        Ctx { cx, m, cpu, own, shared_zaps: Cell::new(0) }
-    }
-
-    /// Note `n` cleared PTEs of a shared mapping.
-    pub(crate) fn shared_zapped(&self, n: u64) {
-        self.shared_zaps.set(self.shared_zaps.get() + n);
-    }
-
-    /// Take the count of [`shared_zapped`](Ctx::shared_zapped).
-    pub(crate) fn take_shared_zaps(&self) -> u64 {
-        self.shared_zaps.replace(0)
+        Ctx { cx, m, cpu, own }
     }
 }
 

@@ -235,13 +235,13 @@ impl Vm {
             cpus_attached: (0..self.m.cpus.cpus()).filter(|&i| self.m.cpus.is_attached(i)).count() as u64,
             ..Stats::default()
         };
-        for i in 0..phys.total_frames() as u32 {
-            match phys.page(crate::phys::Pfn(i)).kind() {
+        for pfn in crate::phys::Pfn::all(phys.total_frames() as u32) {
+            match phys.page(pfn).kind() {
                 Kind::Table => s.page_table_pages += 1,
                 Kind::Index => s.index_pages += 1,
                 Kind::Data => {
                     s.data_pages += 1;
-                    if phys.page(crate::phys::Pfn(i)).refs.wirings() > 0 {
+                    if phys.page(pfn).refs.wirings() > 0 {
                         s.wired_pages += 1;
                     }
                 }

@@ -27,6 +27,7 @@
 
 use std::sync::Arc;
 
+use super::Gather;
 use super::spares;
 use super::vma::{Lookup, VmaIndex};
 use super::vma::{Vma, VmaFlags};
@@ -163,7 +164,7 @@ impl Space {
             }
             replaced
         };
-        self.finish(ctx, 0, &frames, 0);
+        self.finish(ctx, Gather { frames, ..Gather::default() });
         Absorbed::release(absorbed, &m.rcu);
         drop(replaced);
         Ok(())

@@ -10,6 +10,7 @@
 //! pages leave their objects. The cost is concurrency for madvise-heavy
 //! programs, none of the seeds' workloads.
 
+use super::Gather;
 use super::vma::VmaFlags;
 use super::{AddressSpace, MapHeld, Space};
 use crate::error::{Error, Op, Result};
@@ -111,7 +112,7 @@ impl Space {
         }
         drop(map);
         // Advice flags never change protection, so nothing was narrowed.
-        self.finish(ctx, changes.narrowed, &[], 0);
+        self.finish(ctx, Gather { ptes: changes.narrowed, ..Gather::default() });
         drop(changes);
         result
     }
@@ -119,8 +120,7 @@ impl Space {
     fn dontneed(&self, ctx: &Ctx<'_>, start: u64, end: u64) -> Result<()> {
         let phys = &ctx.env.phys;
         let id = self.id();
-        let mut frames = Vec::new();
-        let mut ptes = 0;
+        let mut g = Gather::default();
         let (result, renewed) = {
             let mut map = self.map_write(ctx, start, end);
             // The pages change under the VMAs: replace them, so that a
@@ -135,20 +135,17 @@ impl Space {
                 }
                 let n = self.pmap.zap(phys, s, e, |a, pte| super::pte_cleared(ctx.m, id, a, pte));
                 ctx.count_n(Counter::pages_unmapped, n);
-                ptes += n;
-                if v.is_shared() {
-                    ctx.shared_zapped(n);
-                }
+                g.zapped(n, v.is_shared());
                 if !v.is_shared()
                     && let Some(o) = v.object.get()
                 {
-                    o.punch_locked(&map, ctx, v.pindex(s), v.pindex(e), &mut frames);
+                    o.punch_locked(&map, ctx, v.pindex(s), v.pindex(e), &mut g.frames);
                 }
                 Ok(())
             });
             (r, renewed)
         };
-        self.finish(ctx, ptes, &frames, 0);
+        self.finish(ctx, g);
         drop(renewed);
         result
     }

@@ -30,6 +30,7 @@
 //! `populate_vma_page_range`, a VMA that is no longer locked when the
 //! lock is taken again (a racing `munlock`) is skipped, and so is a hole.
 
+use super::Gather;
 use super::vma::Lookup;
 use super::vma::VmaFlags;
 use super::{AddressSpace, Space};
@@ -132,7 +133,7 @@ impl Space {
             }
             result
         };
-        self.finish(ctx, 0, &[], 0);
+        self.finish(ctx, Gather::default());
         drop(changes);
         result
     }

@@ -6,6 +6,7 @@
 
 use std::fs::File;
 
+use super::Gather;
 use super::layout::{MMAP_BASE, round_hint, unmapped_area};
 use super::spares;
 use super::vma::{Lookup, VmaIndex};
@@ -248,14 +249,16 @@ impl Space {
             None => start >> PAGE_SHIFT,
         };
 
-        let mut frames = Vec::new();
+        let mut g = Gather::default();
         self.reserve_holes_locked(ctx, &map, op, start, end)?;
         let carved = map.carve(start, end);
-        let ptes = if carved.is_empty() { 0 } else { self.unmap_locked(ctx, &map, &carved, &mut frames, false) };
+        if !carved.is_empty() {
+            self.unmap_locked(ctx, &map, &carved, &mut g, false);
+        }
         map.insert(spares::vma(Vma::new(start, end, prot, vflags, pgoff, object)));
         let retired = map.merge_range(start, end);
         drop(map);
-        self.end_removal(ctx, ptes, &frames, carved);
+        self.end_removal(ctx, g, carved);
         // The one just inserted, if it merged, was never published: a spare.
         retired.into_iter().for_each(spares::release_vma);
 

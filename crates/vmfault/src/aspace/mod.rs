@@ -43,6 +43,8 @@ mod zones;
 
 #[cfg(all(test, not(loom)))]
 mod ends_tests;
+#[cfg(all(test, not(loom)))]
+mod second_tests;
 
 use std::sync::{Arc, RwLockWriteGuard};
 
@@ -282,6 +284,34 @@ impl MapWrite<'_> {
 
 impl crate::object::MapWriteHeld for MapWrite<'_> {}
 
+/// What a change tore down, gathered under the map lock and finished
+/// after it (`Space::finish`): Linux's `mmu_gather`. The lower layers push
+/// onto `frames` (an object's pages, a pruned table's pages).
+#[derive(Debug, Default)]
+pub(crate) struct Gather {
+    /// Frames unlinked everywhere, freed after the grace period.
+    pub(crate) frames: Vec<Pfn>,
+    /// PTEs cleared or narrowed: a shootdown is owed.
+    pub(crate) ptes: u64,
+    /// Of those, PTEs of shared mappings cleared: their pages live on
+    /// where others see them, so even with `free_path=deferred` the change
+    /// waits for its grace period before it returns.
+    pub(crate) shared: u64,
+    /// The zones (`SpaceCpu::snap_zones` bits) of the removed VMAs that
+    /// held objects, which the old snapshots keep alive (0: none).
+    pub(crate) gone: u64,
+}
+
+impl Gather {
+    /// `n` PTEs cleared in a mapping, shared or not.
+    pub(crate) fn zapped(&mut self, n: u64, shared: bool) {
+        self.ptes += n;
+        if shared {
+            self.shared += n;
+        }
+    }
+}
+
 impl Drop for MapWrite<'_> {
     fn drop(&mut self) {
         let s = self.space;
@@ -484,7 +514,8 @@ impl Space {
     }
 
     /// Finish an operation that changed the address space, with no lock
-    /// held. If it cleared or narrowed `ptes` PTEs or unlinked `frames`,
+    /// held, with what it tore down (`g`). If it cleared or narrowed
+    /// `g.ptes` PTEs or unlinked `g.frames`,
     /// a grace period (the TLB shootdown) must pass before the call
     /// returns, so that no access through an old PTE is still in flight,
     /// and before the frames are freed. One is polled first (`Rcu::poll`),
@@ -493,17 +524,17 @@ impl Space {
     /// `free_path=deferred`, queues the frames on this vCPU's deferred
     /// list and waits for nothing. Then it frees the snapshots whose grace
     /// period has passed (polling for one that ages them all); with
-    /// `gone` (the zones, as `SpaceCpu::snap_zones` bits, of the VMAs it
+    /// `g.gone` (the zones, as `SpaceCpu::snap_zones` bits, of the VMAs it
     /// removed that held objects, which the old snapshots keep alive; 0
     /// for none), or too many pending, and a poll that does not
     /// complete, it waits for one (with `free_path=deferred`, queues them on
     /// this vCPU's deferred list instead, dropped at its next change once
     /// aged: no wait).
-    pub(crate) fn finish(&self, ctx: &Ctx<'_>, ptes: u64, frames: &[Pfn], gone: u64) {
+    pub(crate) fn finish(&self, ctx: &Ctx<'_>, g: Gather) {
+        let Gather { mut frames, ptes, shared, gone } = g;
         let objects_gone = gone != 0;
-        let orphans = ctx.m.take_orphans();
-        let frames = if orphans.is_empty() { frames } else { &[frames, &orphans[..]].concat() };
-        let shared = ctx.take_shared_zaps();
+        frames.extend(ctx.m.take_orphans());
+        let frames = &frames[..];
         if self.vm.m.phys.deferred.is_some() {
             // free_path=deferred: the frames are reused only after their
             // grace period, so a store still in flight through a cleared

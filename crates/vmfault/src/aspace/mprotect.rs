@@ -16,6 +16,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
+use super::Gather;
 use super::spares;
 use super::vma::{Lookup, VmaIndex};
 use super::vma::{Vma, VmaFlags};
@@ -134,7 +135,7 @@ impl Space {
             r
         };
         // The shootdown is done.
-        self.finish(ctx, 0, &[], 0);
+        self.finish(ctx, Gather::default());
         drop(changes);
         // Linux's mprotect_fixup: locked private memory that becomes
         // writable is faulted in for writing now (copy-on-write broken, the

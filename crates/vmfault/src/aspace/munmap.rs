@@ -9,12 +9,12 @@
 
 use std::sync::Arc;
 
+use super::Gather;
 use super::vma::Lookup;
 use super::vma::{Removed, Vma};
 use super::{AddressSpace, MapWrite, Space};
 use crate::error::{Error, Op, Result};
 use crate::machine::Ctx;
-use crate::phys::Pfn;
 use crate::stats::Counter;
 use crate::types::{TASK_SIZE, is_page_aligned, page_align_up};
 
@@ -45,32 +45,31 @@ impl Space {
         if end == addr {
             return Err(Error::inval(op, "length is zero", len));
         }
-        let mut frames = Vec::new();
-        let mut ptes = 0;
+        let mut g = Gather::default();
         let carved = {
             let mut map = self.map_write(ctx, addr, end);
             self.reserve_holes_locked(ctx, &map, op, addr, end)?;
             let carved = map.carve(addr, end);
             if !carved.is_empty() {
-                ptes = self.unmap_locked(ctx, &map, &carved, &mut frames, true);
+                self.unmap_locked(ctx, &map, &carved, &mut g, true);
             }
             carved
         };
-        self.end_removal(ctx, ptes, &frames, carved);
+        self.end_removal(ctx, g, carved);
         Ok(())
     }
 
     /// The end of a change that removed `carved` (carved out of the index,
-    /// their pages torn down into `ptes` cleared PTEs and `frames`), with
+    /// their pages torn down into `g`), with
     /// the map lock released: every unlink is done (VMAs retired, PTEs
     /// zapped, the old snapshot retired when the lock went). `finish`,
     /// then the write-back of removed shared file mappings, then the
     /// removed VMAs dropped (`drop_removed`).
-    pub(super) fn end_removal(&self, ctx: &Ctx<'_>, ptes: u64, frames: &[Pfn], carved: Removed) {
+    pub(super) fn end_removal(&self, ctx: &Ctx<'_>, mut g: Gather, carved: Removed) {
         let unlinked = ctx.env.rcu.cookie();
         let geo = self.zones.geo();
-        let gone = carved.iter().filter(|v| v.object.get().is_some()).fold(0, |m, v| m | geo.zone_bits(v.start, v.end));
-        self.finish(ctx, ptes, frames, gone);
+        g.gone = carved.iter().filter(|v| v.object.get().is_some()).fold(0, |m, v| m | geo.zone_bits(v.start, v.end));
+        self.finish(ctx, g);
         self.write_back_removed(ctx, &carved);
         self.drop_removed(ctx, carved, unlinked);
     }
@@ -106,8 +105,8 @@ impl Space {
     /// - The map lock is held for writing (`map`, its guard) and `carved`
     ///   (non-empty, in address order) was just removed from its index.
     ///
-    /// Pushes the frames to free after the grace period onto `frames` and
-    /// returns the number of PTEs cleared. With `prune`, page-table pages in
+    /// Gathers the frames to free after the grace period and the PTEs
+    /// cleared into `g`. With `prune`, page-table pages in
     /// the VMA-free gap around the range are detached too (not when a new
     /// mapping is about to fill the range).
     pub(super) fn unmap_locked(
@@ -115,19 +114,15 @@ impl Space {
         ctx: &Ctx<'_>,
         map: &MapWrite<'_>,
         carved: &[Arc<Vma>],
-        frames: &mut Vec<Pfn>,
+        g: &mut Gather,
         prune: bool,
-    ) -> u64 {
+    ) {
         let phys = &ctx.env.phys;
         let id = self.id();
-        let mut ptes = 0;
         for v in carved {
             let n = self.pmap.zap(phys, v.start, v.end, |a, pte| super::pte_cleared(ctx.m, id, a, pte));
             ctx.count_n(Counter::pages_unmapped, n);
-            ptes += n;
-            if v.is_shared() {
-                ctx.shared_zapped(n);
-            }
+            g.zapped(n, v.is_shared());
             // A private object's pages in this range are reachable from this
             // VMA only (page offsets of private anonymous memory are unique
             // per address in a space); a shared object keeps its pages. A
@@ -135,7 +130,7 @@ impl Space {
             if !v.is_shared()
                 && let Some(o) = v.object.get()
             {
-                o.punch_locked(map, ctx, v.pgoff, v.pindex(v.end), frames);
+                o.punch_locked(map, ctx, v.pgoff, v.pindex(v.end), &mut g.frames);
             }
         }
         if prune {
@@ -145,8 +140,7 @@ impl Space {
             let (low, high) = map.reach();
             let floor = map.prev_of(first).map_or(low, |p| p.end.max(low));
             let ceiling = map.find_from(last).map_or(high, |n| n.start.min(high));
-            self.pmap.prune(phys, first, last, floor, ceiling, frames);
+            self.pmap.prune(phys, first, last, floor, ceiling, &mut g.frames);
         }
-        ptes
     }
 }

@@ -401,7 +401,7 @@ pub(super) fn commit_locked(
     }
     // Release pairs with the Acquire of `Pmap::translate`: the page's
     // contents are visible to whoever sees this PTE.
-    leaf.entry.store(pte.0, Ordering::Release);
+    c.space.pmap.install_locked(leaf, _ptl, fault.addr, cur, pte);
     f(pfn);
     resolved
 }

@@ -135,7 +135,7 @@ impl Entry {
     /// The entry of the resident page in frame `pfn`.
     #[inline]
     fn page(pfn: Pfn) -> Entry {
-        Entry((u64::from(pfn.0) << 12) | PRESENT)
+        Entry((u64::from(pfn.raw()) << 12) | PRESENT)
     }
 
     /// The entry of a page paged out to swap slot `slot`.
@@ -165,7 +165,7 @@ impl Entry {
     /// The frame of a resident page.
     #[inline]
     pub(crate) fn pfn(self) -> Option<Pfn> {
-        (self.0 & PRESENT != 0).then_some(Pfn((self.0 >> 12) as u32))
+        (self.0 & PRESENT != 0).then_some(Pfn::decode((self.0 >> 12) as u32))
     }
 
     /// The swap slot of a paged-out page.
@@ -292,7 +292,7 @@ impl Object {
     ) -> Result<Slot<'p>, OutOfFrames> {
         let block = pindex >> LEAF_SHIFT;
         if hint.object.get() == self.id && hint.block.get() == block {
-            let leaf = self.index.leaf_in(frames.phys(), Pfn(hint.node.get()), pindex);
+            let leaf = self.index.leaf_in(frames.phys(), Pfn::decode(hint.node.get()), pindex);
             return Ok(Slot { leaf, object: self.id, pindex });
         }
         self.reserve_walk(frames, pindex, hint)
@@ -305,7 +305,7 @@ impl Object {
         let (leaf, _) = self.index.leaf_alloc(frames, pindex)?;
         hint.object.set(self.id);
         hint.block.set(pindex >> LEAF_SHIFT);
-        hint.node.set(leaf.node.0);
+        hint.node.set(leaf.node.raw());
         Ok(Slot { leaf, object: self.id, pindex })
     }
 

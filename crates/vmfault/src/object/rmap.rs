@@ -260,7 +260,7 @@ impl PvTable {
     }
 
     fn list(&self, pfn: Pfn) -> Ranked<MutexGuard<'_, Vec<Pv>>> {
-        rank::lock(&self.lists[pfn.0 as usize], Rank::Leaf)
+        rank::lock(&self.lists[pfn.raw() as usize], Rank::Leaf)
     }
 
     /// A PTE now maps `pfn`. Called under that PTE's lock.
@@ -279,7 +279,7 @@ impl PvTable {
         } else {
             // Diagnostic: a list that is a superset is safe (walkers check
             // each PTE under its lock).
-            debug_assert!(false, "no pv entry for {pv:?} on frame {}", pfn.0);
+            debug_assert!(false, "no pv entry for {pv:?} on frame {}", pfn.raw());
         }
     }
 

@@ -58,9 +58,36 @@ use crate::types::PAGE_SIZE;
 /// Words (u64) per frame.
 pub(crate) const WORDS: usize = PAGE_SIZE as usize / 8;
 
-/// A frame number.
+/// A frame number. Its field is private to `phys`: the layers above get
+/// one from the allocator, from a descriptor walk, or by decoding a word
+/// that holds one ([`Pfn::decode`]: a PTE, a radix pointer, an index
+/// entry), never by making one up; a number past the arena fails at its
+/// first use ([`PhysMem::words`] and every frame pointer check it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) struct Pfn(pub(crate) u32);
+pub(crate) struct Pfn(u32);
+
+impl Pfn {
+    /// The frame number, to encode it in a word (a PTE, a radix pointer,
+    /// an index entry) or to index a per-frame table.
+    #[inline]
+    pub(crate) const fn raw(self) -> u32 {
+        self.0
+    }
+
+    /// The frame a word encoded with [`raw`](Pfn::raw) names: for the
+    /// decoders of PTEs and radix pointers (`pmap`) and of object index
+    /// entries (`object`) only.
+    #[inline]
+    pub(crate) const fn decode(raw: u32) -> Pfn {
+        Pfn(raw)
+    }
+
+    /// Every frame of a machine of `frames` frames, for walks over the
+    /// descriptors (statistics).
+    pub(crate) fn all(frames: u32) -> impl Iterator<Item = Pfn> {
+        (0..frames).map(Pfn)
+    }
+}
 
 /// An allocated frame that nobody else can reach (rule 1 of the protocol).
 /// Made only by the allocator (`Frames::alloc`) and by a publication that

@@ -36,7 +36,7 @@ impl Pte {
     /// A present PTE mapping `pfn`, writable and executable as asked.
     #[inline]
     pub(crate) fn new(pfn: Pfn, writable: bool, exec: bool, dirty: bool) -> Pte {
-        let mut v = PRESENT | ACCESSED | (u64::from(pfn.0) << 12);
+        let mut v = PRESENT | ACCESSED | (u64::from(pfn.raw()) << 12);
         if writable {
             v |= WRITE;
         }
@@ -77,7 +77,7 @@ impl Pte {
     /// The mapped frame.
     #[inline]
     pub(crate) fn pfn(self) -> Pfn {
-        Pfn(((self.0 & PFN_MASK) >> 12) as u32)
+        Pfn::decode(((self.0 & PFN_MASK) >> 12) as u32)
     }
 
     /// Whether this PTE lets `access` through without a fault.
@@ -105,6 +105,18 @@ impl Pte {
         }
         Pte(v)
     }
+
+    /// Whether going from this PTE to `new` takes something away from
+    /// whoever translates through it: the frame (cleared or another one),
+    /// or a right (write, or execute). A second MMU must hear of it.
+    #[inline]
+    pub(crate) fn loses_to(self, new: Pte) -> bool {
+        self.is_present()
+            && (!new.is_present()
+                || self.pfn() != new.pfn()
+                || self.0 & !new.0 & WRITE != 0
+                || new.0 & !self.0 & NX != 0)
+    }
 }
 
 #[cfg(test)]
@@ -113,15 +125,15 @@ mod tests {
 
     #[test]
     fn encode_decode() {
-        let p = Pte::new(Pfn(0xabcde), true, false, true);
+        let p = Pte::new(Pfn::decode(0xabcde), true, false, true);
         assert!(p.is_present() && p.allows(Access::Write));
-        assert_eq!(p.pfn(), Pfn(0xabcde));
+        assert_eq!(p.pfn(), Pfn::decode(0xabcde));
         assert!(p.allows(Access::Read) && p.allows(Access::Write) && !p.allows(Access::Exec));
         let r = p.restricted(Prot::READ);
         assert!(!r.allows(Access::Write) && r.allows(Access::Read));
         assert_eq!(r.pfn(), p.pfn());
         assert!(!Pte::NONE.allows(Access::Read));
-        let x = Pte::new(Pfn(1), false, true, false);
+        let x = Pte::new(Pfn::decode(1), false, true, false);
         assert!(x.allows(Access::Exec) && !x.restricted(Prot::READ).allows(Access::Exec));
     }
 }

@@ -69,12 +69,12 @@ const HEIGHT_MASK: u64 = 0xff;
 
 #[inline]
 fn child_of(entry: u64) -> Pfn {
-    Pfn((entry >> 12) as u32)
+    Pfn::decode((entry >> 12) as u32)
 }
 
 #[inline]
 fn entry_for(child: Pfn) -> u64 {
-    (u64::from(child.0) << 12) | PRESENT
+    (u64::from(child.raw()) << 12) | PRESENT
 }
 
 #[inline]
@@ -135,7 +135,7 @@ impl Radix {
     pub(crate) fn table(frames: &Frames<'_>) -> Result<Radix, OutOfFrames> {
         let root = frames.alloc_zeroed().ok_or(OutOfFrames)?;
         let root = frames.phys().publish(root, Kind::Table);
-        let word = (u64::from(root.0) << 12) | u64::from(TABLE_LEVELS);
+        let word = (u64::from(root.raw()) << 12) | u64::from(TABLE_LEVELS);
         Ok(Radix { root: AtomicU64::new(word), kind: Kind::Table, max_height: TABLE_LEVELS })
     }
 
@@ -160,7 +160,7 @@ impl Radix {
         if w == 0 {
             return None;
         }
-        let (node, height) = (Pfn((w >> 12) as u32), (w & HEIGHT_MASK) as u32);
+        let (node, height) = (Pfn::decode((w >> 12) as u32), (w & HEIGHT_MASK) as u32);
         let base = if self.kind == Kind::Table { 0 } else { phys.page(node).pindex.load(Ordering::Relaxed) };
         Some(Top { node, height, base })
     }
@@ -277,7 +277,7 @@ impl Radix {
                 }
             };
             phys.page(node).pindex.store(base, Ordering::Relaxed);
-            let word = (u64::from(node.0) << 12) | u64::from(height);
+            let word = (u64::from(node.raw()) << 12) | u64::from(height);
             match phys.publish_into(fresh, self.kind, &self.root, cur, word) {
                 Ok(_) => added += 1,
                 Err((lost, _)) => {

@@ -7,14 +7,31 @@
 //! per page-table page for range operations. Page-table pages themselves are
 //! freed only after a grace period, by [`Pmap::prune`] when no VMA covers
 //! their range any more (Linux's `free_pgtables`), or when the space dies.
+//!
+//! # A second MMU
+//!
+//! Something else may translate this space's addresses too: a host view
+//! (a window of the host's address space whose host mappings mirror these
+//! PTEs, so that code loads and stores natively). It sits behind
+//! [`SecondMmu`], attached with [`Pmap::attach_second`], as a BSD kernel's
+//! machine-dependent pmap sits under its machine-independent VM: the fault
+//! path and the operations above do not know it is there. It fills itself
+//! lazily (its own faults come to vmfault's fault path), and this table
+//! tells it of every PTE that loses its frame or a right, by range, before
+//! the change that did it returns (and so before a freed frame can be
+//! reused, and before a narrowing is relied on): every clear and narrowing
+//! goes through [`Pmap::update_range`], and every install that replaces a
+//! present PTE through [`Pmap::install_locked`]. With none attached, the
+//! cost is one relaxed load per change.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use super::pte::Pte;
 use super::radix::{Leaf, OutOfFrames, PruneRange, Radix, TABLE_LIMIT};
 use crate::phys::{Frames, Pfn, PhysMem, WORDS};
 use crate::sync::generation::{Generation, Stamp};
-use crate::sync::rank::Rank;
+use crate::sync::rank::{self, Rank};
 use crate::sync::spin::{self, WordGuard};
 use crate::types::{Access, PAGE_SHIFT, Prot};
 
@@ -32,6 +49,22 @@ pub(crate) struct Pmap {
     /// before the VMA snapshot was read knows its leaf is still attached
     /// (see [`Missed`]).
     prunes: Generation,
+    /// `[a]` whether any second MMU is attached (written under `seconds`;
+    /// read by every change, which looks at `seconds` only if set).
+    has_second: AtomicBool,
+    /// `[L]` the second MMUs that mirror this table (a leaf lock).
+    seconds: Mutex<Vec<Arc<dyn SecondMmu>>>,
+}
+
+/// A second MMU that mirrors a page table (see the module docs): told of
+/// every PTE in `start..end` (addresses) that lost its frame or a right.
+/// It must stop translating them through what it had before it returns (a
+/// host view unmaps them from the host); it may drop more than it is told
+/// and fill itself again by faulting. Called with no lock of this crate
+/// held but possibly a PTE lock (a leaf of the lock order may be taken).
+pub(crate) trait SecondMmu: Send + Sync + std::fmt::Debug {
+    /// Stop translating `start..end` as before.
+    fn invalidate(&self, start: u64, end: u64);
 }
 
 /// What the software MMU's lookup found when the PTE did not allow the
@@ -80,13 +113,13 @@ impl LeafHint {
     fn get(&self, block: u64, now: Stamp) -> Option<Pfn> {
         let w = self.block_node.load(Ordering::Relaxed);
         (w != 0 && w >> 32 == block + 1 && Stamp::from_bits(self.prunes.load(Ordering::Relaxed)).holds_at(now))
-            .then_some(Pfn(w as u32))
+            .then_some(Pfn::decode(w as u32))
     }
 
     /// Remember a walk of `block` to `node` made after the count `stamp`.
     #[inline]
     fn set(&self, block: u64, node: Pfn, stamp: Stamp) {
-        self.block_node.store(((block + 1) << 32) | u64::from(node.0), Ordering::Relaxed);
+        self.block_node.store(((block + 1) << 32) | u64::from(node.raw()), Ordering::Relaxed);
         self.prunes.store(stamp.to_bits(), Ordering::Relaxed);
     }
 }
@@ -99,7 +132,60 @@ fn vpn(addr: u64) -> u64 {
 impl Pmap {
     /// An empty page table (one root page).
     pub(crate) fn new(frames: &Frames<'_>) -> Result<Pmap, OutOfFrames> {
-        Ok(Pmap { radix: Radix::table(frames)?, tables: AtomicU64::new(1), prunes: Generation::new() })
+        Ok(Pmap {
+            radix: Radix::table(frames)?,
+            tables: AtomicU64::new(1),
+            prunes: Generation::new(),
+            has_second: AtomicBool::new(false),
+            seconds: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Attach a second MMU (see the module docs); it hears of every change
+    /// from now on.
+    #[allow(dead_code)] // Tests attach one; the host view will.
+    pub(crate) fn attach_second(&self, second: Arc<dyn SecondMmu>) {
+        let mut s = rank::lock(&self.seconds, Rank::Leaf);
+        s.push(second);
+        self.has_second.store(true, Ordering::Relaxed);
+    }
+
+    /// Detach a second MMU attached with [`attach_second`](Pmap::attach_second).
+    #[allow(dead_code)] // Tests detach one; the host view will.
+    pub(crate) fn detach_second(&self, second: &Arc<dyn SecondMmu>) {
+        let mut s = rank::lock(&self.seconds, Rank::Leaf);
+        s.retain(|x| !Arc::ptr_eq(x, second));
+        self.has_second.store(!s.is_empty(), Ordering::Relaxed);
+    }
+
+    /// Tell the second MMUs that `start..end` lost frames or rights.
+    #[inline]
+    fn invalidate(&self, start: u64, end: u64) {
+        if self.has_second.load(Ordering::Relaxed) {
+            self.invalidate_slow(start, end);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn invalidate_slow(&self, start: u64, end: u64) {
+        let seconds = rank::lock(&self.seconds, Rank::Leaf).clone();
+        for s in seconds {
+            s.invalidate(start, end);
+        }
+    }
+
+    /// Install `new` in the PTE `leaf`, whose value is `old`, under its PTE
+    /// lock (`_ptl`): Release, so that a walker that sees it sees the
+    /// page's contents. If `old` mapped another frame, or allowed more,
+    /// the second MMUs hear of it first.
+    #[inline]
+    pub(crate) fn install_locked(&self, leaf: &Leaf<'_>, _ptl: &WordGuard<'_>, addr: u64, old: Pte, new: Pte) {
+        if old.loses_to(new) {
+            let page = addr & !((1 << PAGE_SHIFT) - 1);
+            self.invalidate(page, page + (1 << PAGE_SHIFT));
+        }
+        leaf.entry.store(new.0, Ordering::Release);
     }
 
     /// Page-table pages in use.
@@ -193,7 +279,7 @@ impl Pmap {
     /// Returns the number of PTEs changed.
     pub(crate) fn update_range(&self, phys: &PhysMem, start: u64, end: u64, mut f: impl FnMut(u64, Pte) -> Pte) -> u64 {
         let (s, e) = (vpn(start), vpn(end));
-        let mut changed = 0;
+        let (mut changed, mut lost) = (0, false);
         self.radix.for_each_leaf_node(phys, s, e, |base, node| {
             let words = phys.words(node);
             let _g = spin::lock_as(&phys.page(node).ptl, Rank::Pte).0;
@@ -211,9 +297,13 @@ impl Pmap {
                     // whatever the caller prepared for it.
                     slot.store(new.0, Ordering::Release);
                     changed += 1;
+                    lost |= old.loses_to(new);
                 }
             }
         });
+        if lost {
+            self.invalidate(start, end);
+        }
         changed
     }
 
