@@ -19,8 +19,14 @@
 
 use std::cell::{Cell, RefCell, UnsafeCell};
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
+// The slot states go through the loom shim; the owner-only cell and the
+// shared slot's mutex stay `std`'s: a claim hands out `&mut O` for the
+// length of an operation, which loom's cells (checked inside closures
+// only) cannot express, and no model claims slots.
 use std::sync::{Mutex, MutexGuard};
+
+use super::atomic::{AtomicU32, Ordering};
 
 use super::CachePadded;
 
@@ -119,7 +125,7 @@ impl<S, O> CpuSet<S, O> {
                 CachePadded(Slot { state: AtomicU32::new(FREE), shared, owned: UnsafeCell::new(owned) })
             })
             .collect();
-        CpuSet { id: NEXT_SET_ID.fetch_add(1, Ordering::Relaxed), cpus, slots, shared_lock: Mutex::new(()) }
+        CpuSet { id: NEXT_SET_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed), cpus, slots, shared_lock: Mutex::new(()) }
     }
 
     /// Number of attachable slots.

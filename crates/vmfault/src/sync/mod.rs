@@ -26,7 +26,15 @@
 //! - [`write_back_ordered`]: the order of the steps of a shared file
 //!   page's write-back.
 //!
-//! Under `--cfg loom` the atomics, fences and spin hints are loom's.
+//! Under `--cfg loom` the atomics, fences and spin hints are loom's: every
+//! protocol word of these primitives goes through [`atomic`]. What stays
+//! `std`'s, and why: the words inside frames (PTEs, radix pointers, index
+//! entries, page contents), which overlay the arena's memory (a model puts
+//! loom's atomics in their place through [`Slot`]); counters, statistics
+//! and the serials of statics, which no protocol orders anything by; and
+//! the vCPU slots' owner cell and shared-slot mutex (`cpu`), whose claims
+//! hand out references for an operation's length, which loom's cells
+//! cannot express (no model claims slots).
 
 pub(crate) mod cpu;
 pub mod generation;
