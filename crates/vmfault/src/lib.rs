@@ -6,6 +6,13 @@
 //! manager of an emulator, a sandbox or a user-space kernel (one thread per
 //! vCPU), or use it to prototype and measure fault-path designs.
 //!
+//! A [`Vm`] is one machine: its frames, the vCPU slots, the page daemon,
+//! the statistics. Many can live in one process: there are no globals. A
+//! thread that calls [`Vm::attach`] is a vCPU until the guard drops, and
+//! its per-CPU data (page cache, counters) is touched by it alone, as a
+//! kernel's is with preemption disabled; a thread that is not attached can
+//! still call every method, through a shared slot held for one operation.
+//!
 //! ```
 //! use vmfault::{Vm, VmConfig, Prot, MapFlags, Access};
 //! let vm = Vm::new(VmConfig { phys_bytes: 64 << 20, cpus: 4, ..VmConfig::default() })?;
@@ -39,6 +46,7 @@
 //! | reverse mapping without pv entries (DragonFly) | `object/rmap.rs`, `aspace/rmap.rs` (backing records; `rmap=pv` for comparison) |
 //! | swap and the page daemon | `reclaim/`, `phys/queues.rs`, `object/swap.rs` |
 //! | the machine and one operation's vCPU context | `machine.rs` (`Machine`, `Ctx`), `object/env.rs` (the objects' part: `Env`, `Cx`), `vm.rs` (`Vm::new`, the machine's threads) |
+//! | what else may translate a space's addresses (a host view) | `pmap/table.rs` (`SecondMmu`, `Pmap::install_locked`, `update_range`: every lost frame or right is invalidated there) |
 //! | every knob | `config.rs` (`VmConfig`); counters in `stats.rs` |
 //! | the layer order | the table below; `tests/layering.rs` fails on any import of a higher layer |
 //!
@@ -134,7 +142,7 @@
 //! of its own rank where that does not nest, or anything under a leaf,
 //! panics with both). Zones of the map lock nest in address order only,
 //! kept by the one function that takes several (`Zones::write`); a
-//! writer's wait for the VMA pins counts as taking [V]; condition-variable
+//! writer's wait for the VMA pins counts as taking `[V]`; condition-variable
 //! waits keep their lock's rank (`Ranked::wait`).
 //!
 //! The page daemon (`reclaim`) holds none of these across another: it
