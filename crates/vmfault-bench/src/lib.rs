@@ -142,7 +142,7 @@ impl Plan {
                 .iter()
                 .map(|v| {
                     let mut cfg = base.clone();
-                    cfg.set(key, v).map_err(|e| format!("--compare {key}={v}: {e}"))?;
+                    set_knob(&mut cfg, key, v).map_err(|e| format!("--compare {key}={v}: {e}"))?;
                     let mut settings = self.user_settings.clone();
                     settings.insert(key.clone(), v.clone());
                     Ok((cfg, settings))
@@ -150,6 +150,23 @@ impl Plan {
                 .collect(),
         }
     }
+}
+
+/// Set knob `key` of `cfg` to `value` as `--set` and `--compare` do: a
+/// `VmConfig` knob, or the bench's own `access`: `api` (loads and stores
+/// through `AddressSpace::read`/`write`, the software MMU) or `native`
+/// (through a host view: `host_views=true`, and workers store with plain
+/// pointers; see `target::VmTarget`).
+pub fn set_knob(cfg: &mut VmConfig, key: &str, value: &str) -> Result<(), String> {
+    if key == "access" {
+        cfg.host_views = match value.trim() {
+            "api" => false,
+            "native" => true,
+            other => return Err(format!("VmConfig::set(access={other:?}): expected api or native")),
+        };
+        return Ok(());
+    }
+    cfg.set(key, value).map_err(|e| e.to_string())
 }
 
 /// Size `cfg` for `workloads` at up to `threads` vCPUs: `cpus` and

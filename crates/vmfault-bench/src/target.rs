@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use vmfault::{AddressSpace, CpuGuard, MapFlags, Prot, Stats, Vm};
+use vmfault::{AddressSpace, CpuGuard, HostView, MapFlags, Prot, Stats, Vm};
 
 /// A failed operation inside a workload, as text for the report.
 pub type OpError = String;
@@ -126,15 +126,27 @@ fn touch_image(
 pub struct VmTarget {
     vm: Vm,
     space: AddressSpace,
+    /// With `host_views` (the bench's `access=native`): a view of the
+    /// range unhinted mappings take (the top `NATIVE_SPAN` below the mmap
+    /// base), through which stores there go natively.
+    view: Option<Arc<HostView>>,
     /// mlock1_shared's parent: a space holding the shared range its
     /// workers' spaces are forked from (made by the first worker).
     lock_parent: Arc<Mutex<Option<(AddressSpace, u64)>>>,
 }
 
 impl VmTarget {
-    /// A fresh address space in `vm`.
+    /// A fresh address space in `vm` (with a host view of where its
+    /// mappings go if `vm` has `host_views`).
     pub fn new(vm: &Vm) -> Result<VmTarget, OpError> {
-        Ok(VmTarget { vm: vm.clone(), space: vm.new_space().map_err(|e| e.to_string())?, lock_parent: Arc::default() })
+        let space = vm.new_space().map_err(|e| e.to_string())?;
+        let view = match vm.config().host_views {
+            true => Some(Arc::new(
+                space.host_view(NATIVE_TOP - NATIVE_SPAN, NATIVE_SPAN).map_err(|e| format!("access=native: {e}"))?,
+            )),
+            false => None,
+        };
+        Ok(VmTarget { vm: vm.clone(), space, view, lock_parent: Arc::default() })
     }
 
     /// The address space.
@@ -145,6 +157,14 @@ impl VmTarget {
 
 const RW: Prot = Prot::READ.union(Prot::WRITE);
 const PA: MapFlags = MapFlags::PRIVATE.union(MapFlags::ANONYMOUS);
+
+/// The top of the range unhinted mmaps take (Linux's mmap base in
+/// vmfault's layout: 128 MiB below the end of the user address space).
+const NATIVE_TOP: u64 = vmfault::TASK_SIZE - (128 << 20);
+
+/// How much below it `access=native` views (address space only: the
+/// window costs no memory).
+const NATIVE_SPAN: u64 = 64 << 30;
 
 impl Target for VmTarget {
     type ThreadGuard = Option<CpuGuard>;
@@ -175,6 +195,13 @@ impl Target for VmTarget {
 
     #[inline]
     fn store(&self, addr: u64) -> Result<(), OpError> {
+        if let Some(p) = self.view.as_ref().and_then(|v| v.ptr(addr).ok()) {
+            // SAFETY: inside the view; a fault there is resolved by vmfault
+            // or ends the process as natively (workloads store only into
+            // their own read-write mappings).
+            unsafe { std::ptr::write_volatile(p, 0) };
+            return Ok(());
+        }
         self.space.write(addr, &[0]).map_err(|e| e.to_string())
     }
 

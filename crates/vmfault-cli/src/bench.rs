@@ -60,7 +60,8 @@ fn plan(a: &BenchArgs) -> Result<Plan, String> {
                 return Err(format!("--compare {spec}: give at least two values"));
             }
             for v in &values {
-                base.clone().set(key.trim(), v).map_err(|e| format!("--compare {key}={v}: {e}"))?;
+                vmfault_bench::set_knob(&mut base.clone(), key.trim(), v)
+                    .map_err(|e| format!("--compare {key}={v}: {e}"))?;
             }
             Some((key.trim().to_string(), values))
         }

@@ -59,7 +59,11 @@ fn knobs_help() -> String {
             None => format!("  {k}: {v} (sets several knobs at once)"),
         })
         .collect();
-    format!("Set a VmConfig knob (repeatable), e.g. `--set zero_page=false`. Knobs:\n{}", lines.join("\n"))
+    format!(
+        "Set a VmConfig knob (repeatable), e.g. `--set zero_page=false`. Knobs:\n{}\n  access: api or native \
+         (default api): loads and stores through the API or through a host view (sets host_views)",
+        lines.join("\n")
+    )
 }
 
 /// `--help` for the workloads: every one, the default suite marked.
@@ -147,7 +151,7 @@ fn apply_sets(cfg: &mut VmConfig, sets: &[String]) -> Result<Vec<(String, String
     sets.iter()
         .map(|s| {
             let (k, v) = s.split_once('=').ok_or_else(|| format!("--set {s}: expected KEY=VALUE"))?;
-            cfg.set(k.trim(), v.trim()).map_err(|e| format!("--set {s}: {e}"))?;
+            vmfault_bench::set_knob(cfg, k.trim(), v.trim()).map_err(|e| format!("--set {s}: {e}"))?;
             Ok((k.trim().to_string(), v.trim().to_string()))
         })
         .collect()

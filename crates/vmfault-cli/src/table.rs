@@ -139,6 +139,7 @@ pub(crate) fn render(results: &Results, plan: &Plan) -> String {
     out.push_str(&aborts(results));
     out.push_str(&shared64(results));
     out.push_str(&swap(results));
+    out.push_str(&host_views(results));
     if !results.comparisons.is_empty() {
         let _ = writeln!(out, "\ncomparisons (ops/s of b over a, round by round: median [min, max]):");
         let mut lines = vec![["workload", "thr", "knob", "a", "b", "ratio", "[min, max]"].map(String::from).to_vec()];
@@ -240,6 +241,49 @@ fn swap(results: &Results) -> String {
     }
     format!(
         "\nswap traffic (medians of the rounds; stalls: allocations that waited for the page daemon):\n{}",
+        columns(&lines)
+    )
+}
+
+/// Where a fault through a host view (`access=native`) spends its time:
+/// per signal (one maps a block of `view_fault_around` pages), the
+/// nanoseconds in vmfault's fault path, in the host call that maps the
+/// frames, and the rest of the worker's CPU time per signal (the signal's
+/// delivery and return, the workload's own stores and unmaps); medians
+/// over the rounds.
+fn host_views(results: &Results) -> String {
+    let c = |rr: &vmfault_bench::RoundResult, k: &str| rr.counters.get(k).copied().unwrap_or(0) as f64;
+    let rows: Vec<&Row> =
+        results.rows.iter().filter(|r| r.rounds.iter().any(|rr| c(rr, "host_view_faults") > 0.0)).collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    let mut lines = vec![
+        ["workload", "system", "thr", "faults/signal", "cpu ns/signal", "vmfault ns", "host map ns", "rest ns"]
+            .map(String::from)
+            .to_vec(),
+    ];
+    for r in rows {
+        let per = |f: &dyn Fn(&vmfault_bench::RoundResult) -> f64| median(r.rounds.iter().map(f).collect());
+        let signals = |rr: &vmfault_bench::RoundResult| c(rr, "host_view_faults").max(1.0);
+        let total = per(&|rr| rr.cpu_seconds * 1e9 / signals(rr));
+        let map = per(&|rr| c(rr, "host_view_map_ns") / signals(rr));
+        let inside = per(&|rr| c(rr, "host_view_ns") / signals(rr));
+        lines.push(vec![
+            r.workload.name().into(),
+            system(r),
+            r.threads.to_string(),
+            format!("{:.1}", per(&|rr| rr.faults as f64 / signals(rr))),
+            format!("{total:.0}"),
+            format!("{:.0}", inside - map),
+            format!("{map:.0}"),
+            format!("{:.0}", total - inside),
+        ]);
+    }
+    format!(
+        "
+host views (per signal, medians of the rounds; rest: the signal's delivery and return, and the \
+         workload's own work):\n{}",
         columns(&lines)
     )
 }

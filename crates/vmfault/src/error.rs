@@ -42,6 +42,9 @@ pub enum Op {
     NewSpace,
     /// [`Vm::attach`](crate::Vm::attach).
     Attach,
+    /// [`AddressSpace::host_view`](crate::AddressSpace::host_view) and the
+    /// faults and calls of a [`HostView`](crate::HostView).
+    HostView,
 }
 
 impl fmt::Display for Op {
@@ -62,6 +65,7 @@ impl fmt::Display for Op {
             Op::NewVm => "Vm::new",
             Op::NewSpace => "Vm::new_space",
             Op::Attach => "Vm::attach",
+            Op::HostView => "host view",
         })
     }
 }

@@ -237,7 +237,7 @@ pub(crate) mod sync;
 pub mod types;
 mod vm;
 
-pub use aspace::{AddressSpace, MAX_MAP_COUNT, PageHold};
+pub use aspace::{AddressSpace, HostFault, HostFaultHandler, HostView, MAX_MAP_COUNT, PageHold};
 pub use config::{
     FaultPath, FrameOrder, FreePath, MapLock, PcpHigh, Refcount, Rmap, STREAM_AFTER_FRAMES, VmConfig, ZeroStores,
 };

@@ -47,7 +47,8 @@ impl Vm {
         host_can_give(&config, frames)?;
         // One reader per slot (the shared one included), one for the daemon.
         let (rcu, readers) = Rcu::new(config.cpus + 2);
-        let mut phys = PhysMem::new(
+        let make = if config.host_views { PhysMem::new_shared } else { PhysMem::new };
+        let mut phys = make(
             frames,
             config.prefault,
             &rcu,

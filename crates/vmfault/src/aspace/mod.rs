@@ -38,6 +38,8 @@ mod ptree;
 mod rmap;
 mod spares;
 pub(crate) use rmap::unmap_everywhere_unlocked;
+pub use view::{HostFault, HostFaultHandler, HostView};
+mod view;
 pub(crate) mod vma;
 mod zones;
 

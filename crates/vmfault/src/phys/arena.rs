@@ -1,6 +1,8 @@
 //! The frame arena: one host mapping that holds every physical frame.
 //!
-//! Mapped once when the `Vm` is created (private, anonymous, `NORESERVE`),
+//! Mapped once when the `Vm` is created (private, anonymous, `NORESERVE`;
+//! or, with `VmConfig::host_views`, shared, over a memfd, so that a host
+//! view can map its frames elsewhere too: `phys::window`),
 //! advised `MADV_HUGEPAGE` (a kernel's direct map uses large pages too) and
 //! `MADV_DONTFORK` (a process that embeds vmfault and forks must not copy
 //! the whole arena into the child, which could not use the `Vm` anyway: its
@@ -27,6 +29,8 @@ pub(crate) struct Arena {
     len: usize,
     /// `[I]` frames in it (`len / PAGE_SIZE`), for the bound check.
     frames: u32,
+    /// `[I]` the memfd behind it, when host views may map its frames.
+    fd: Option<std::os::fd::OwnedFd>,
 }
 
 // SAFETY: the arena is plain memory owned by this value; all concurrent access
@@ -39,20 +43,42 @@ unsafe impl Send for Arena {}
 unsafe impl Sync for Arena {}
 
 impl Arena {
-    /// Map `frames` frames.
+    /// Map `frames` frames; `shared`: over a memfd that host views map
+    /// too (shared memory gets no transparent huge pages unless the host's
+    /// `shmem_enabled` allows them).
     #[allow(unsafe_code)]
-    pub(crate) fn new(frames: u32, prefault: bool) -> Result<Arena> {
+    pub(crate) fn new(frames: u32, prefault: bool, shared: bool) -> Result<Arena> {
         let len = frames as usize * PAGE_SIZE as usize;
+        let host_err =
+            |call| Error::Host { call, errno: std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::ENOMEM) };
         let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
         if cfg!(miri) {
             // Miri maps private anonymous memory only (and has no madvise).
             flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
         }
-        // SAFETY: a fresh anonymous mapping; no existing memory is affected.
-        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0) };
+        let fd = if shared && !cfg!(miri) {
+            // SAFETY: a C string literal; the flags are valid.
+            let raw = unsafe { libc::memfd_create(c"vmfault-frames".as_ptr(), libc::MFD_CLOEXEC) };
+            if raw < 0 {
+                return Err(host_err("memfd_create of the frame arena"));
+            }
+            // SAFETY: `raw` is a new descriptor nobody else owns.
+            let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) };
+            // SAFETY: sizing the descriptor just made.
+            if unsafe { libc::ftruncate(raw, len as libc::off_t) } != 0 {
+                return Err(host_err("ftruncate of the frame arena's memfd"));
+            }
+            flags = libc::MAP_SHARED | libc::MAP_NORESERVE;
+            Some(fd)
+        } else {
+            None
+        };
+        let raw_fd = fd.as_ref().map_or(-1, std::os::fd::AsRawFd::as_raw_fd);
+        // SAFETY: a fresh mapping (of anonymous memory, or of the memfd
+        // just made); no existing memory is affected.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags, raw_fd, 0) };
         if p == libc::MAP_FAILED {
-            let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::ENOMEM);
-            return Err(Error::Host { call: "mmap of the frame arena", errno });
+            return Err(host_err("mmap of the frame arena"));
         }
         // SAFETY: `p..p+len` is the mapping just created. Advice is best
         // effort: failure only costs performance (HUGEPAGE) or fork time.
@@ -61,7 +87,7 @@ impl Arena {
             libc::madvise(p, len, libc::MADV_DONTFORK);
             libc::madvise(p, len, libc::MADV_HUGEPAGE);
         }
-        let arena = Arena { base: NonNull::new(p.cast()).expect("mmap returned null"), len, frames };
+        let arena = Arena { base: NonNull::new(p.cast()).expect("mmap returned null"), len, frames, fd };
         if prefault && !cfg!(miri) {
             arena.populate();
         }
@@ -83,6 +109,17 @@ impl Arena {
                 unsafe { self.frame_ptr(pfn).write_volatile(0) };
             }
         }
+    }
+
+    /// Frames in the arena.
+    pub(crate) fn frames(&self) -> u32 {
+        self.frames
+    }
+
+    /// The memfd behind the arena, if host views may map its frames
+    /// (frame `pfn` at offset `pfn * PAGE_SIZE`).
+    pub(crate) fn fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.fd.as_ref().map(std::os::fd::AsFd::as_fd)
     }
 
     /// Address of frame `pfn`'s first byte.

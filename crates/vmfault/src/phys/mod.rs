@@ -37,6 +37,7 @@ pub(crate) mod freelist;
 pub(crate) mod page;
 pub(crate) mod pcpu;
 pub(crate) mod queues;
+pub(crate) mod window;
 pub(crate) mod wiring;
 
 use std::sync::atomic::AtomicU64 as StdAtomicU64;
@@ -194,7 +195,24 @@ impl PhysMem {
         page_locks: bool,
         queues: bool,
     ) -> Result<PhysMem> {
-        let arena = Arena::new(frames, prefault)?;
+        PhysMem::with_arena(Arena::new(frames, prefault, false)?, rcu, pcp, page_locks, queues)
+    }
+
+    /// [`new`](PhysMem::new), over a shared arena that host views can map
+    /// (`VmConfig::host_views`; `phys::window`).
+    pub(crate) fn new_shared(
+        frames: u32,
+        prefault: bool,
+        rcu: &Rcu,
+        pcp: PcpConfig,
+        page_locks: bool,
+        queues: bool,
+    ) -> Result<PhysMem> {
+        PhysMem::with_arena(Arena::new(frames, prefault, true)?, rcu, pcp, page_locks, queues)
+    }
+
+    fn with_arena(arena: Arena, rcu: &Rcu, pcp: PcpConfig, page_locks: bool, queues: bool) -> Result<PhysMem> {
+        let frames = arena.frames();
         let mut pages = Vec::new();
         pages.try_reserve_exact(frames as usize).map_err(|_| crate::Error::HostMemory {
             what: "the page descriptors",
@@ -476,6 +494,12 @@ impl PhysMem {
     /// Frames taken from and given to the global free list so far.
     pub(crate) fn global_frames_moved(&self) -> u64 {
         self.free.moved()
+    }
+
+    /// A host window of `len` bytes over this arena (`phys::window`;
+    /// needs the shared arena of [`new_shared`](PhysMem::new_shared)).
+    pub(crate) fn window(&self, len: u64) -> Result<window::Window> {
+        window::Window::new(&self.arena, len)
     }
 
     /// The descriptor of `pfn`.

@@ -15,7 +15,4 @@ pub(crate) mod table;
 
 pub(crate) use pte::Pte;
 pub(crate) use radix::{Leaf, OutOfFrames, Radix};
-pub(crate) use table::{LeafHint, Missed, Pmap};
-// Tests attach one; the host view will.
-#[allow(unused_imports)]
-pub(crate) use table::SecondMmu;
+pub(crate) use table::{LeafHint, Missed, Pmap, SecondMmu};

@@ -143,7 +143,6 @@ impl Pmap {
 
     /// Attach a second MMU (see the module docs); it hears of every change
     /// from now on.
-    #[allow(dead_code)] // Tests attach one; the host view will.
     pub(crate) fn attach_second(&self, second: Arc<dyn SecondMmu>) {
         let mut s = rank::lock(&self.seconds, Rank::Leaf);
         s.push(second);
@@ -151,7 +150,6 @@ impl Pmap {
     }
 
     /// Detach a second MMU attached with [`attach_second`](Pmap::attach_second).
-    #[allow(dead_code)] // Tests detach one; the host view will.
     pub(crate) fn detach_second(&self, second: &Arc<dyn SecondMmu>) {
         let mut s = rank::lock(&self.seconds, Rank::Leaf);
         s.retain(|x| !Arc::ptr_eq(x, second));

@@ -125,7 +125,12 @@ impl<S, O> CpuSet<S, O> {
                 CachePadded(Slot { state: AtomicU32::new(FREE), shared, owned: UnsafeCell::new(owned) })
             })
             .collect();
-        CpuSet { id: NEXT_SET_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed), cpus, slots, shared_lock: Mutex::new(()) }
+        CpuSet {
+            id: NEXT_SET_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            cpus,
+            slots,
+            shared_lock: Mutex::new(()),
+        }
     }
 
     /// Number of attachable slots.
