@@ -29,17 +29,21 @@ pub struct Config {
     pub swap: bool,
     /// How the map lock is split.
     pub map_lock: MapLock,
+    /// Loads and stores natively through a host view of the window
+    /// (`ops::run_vmfault_in`), not through the API.
+    pub view: bool,
 }
 
 impl std::fmt::Display for Config {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "fault_path={} rmap={} swap={} map_lock={}",
+            "fault_path={} rmap={} swap={} map_lock={}{}",
             self.path.name(),
             self.rmap.name(),
             self.swap,
-            self.map_lock.name()
+            self.map_lock.name(),
+            if self.view { " access=native" } else { "" }
         )
     }
 }
@@ -53,15 +57,19 @@ fn map_locks() -> (MapLock, MapLock) {
 /// The configurations of the test suite: every fault path with backing
 /// records, the pv-entry reverse map on the speculative one (its
 /// bookkeeping runs on every fault and zap), the small machine with swap
-/// on the speculative one, all with the default map lock; and the other
-/// map lock on the speculative one.
+/// on the speculative one, all with the default map lock; the other
+/// map lock on the speculative one; and loads and stores through a host
+/// view on the speculative one.
 pub fn all_configs() -> Vec<Config> {
     let (map_lock, other) = map_locks();
-    let mut v: Vec<Config> =
-        FAULT_PATHS.iter().map(|&path| Config { path, rmap: Rmap::Backing, swap: false, map_lock }).collect();
-    v.push(Config { path: FaultPath::Speculative, rmap: Rmap::PvEntry, swap: false, map_lock });
-    v.push(Config { path: FaultPath::Speculative, rmap: Rmap::Backing, swap: true, map_lock });
-    v.push(Config { path: FaultPath::Speculative, rmap: Rmap::Backing, swap: false, map_lock: other });
+    let mut v: Vec<Config> = FAULT_PATHS
+        .iter()
+        .map(|&path| Config { path, rmap: Rmap::Backing, swap: false, map_lock, view: false })
+        .collect();
+    v.push(Config { path: FaultPath::Speculative, rmap: Rmap::PvEntry, swap: false, map_lock, view: false });
+    v.push(Config { path: FaultPath::Speculative, rmap: Rmap::Backing, swap: true, map_lock, view: false });
+    v.push(Config { path: FaultPath::Speculative, rmap: Rmap::Backing, swap: false, map_lock: other, view: false });
+    v.push(Config { path: FaultPath::Speculative, rmap: Rmap::Backing, swap: false, map_lock, view: true });
     v
 }
 
@@ -70,12 +78,12 @@ pub fn all_configs() -> Vec<Config> {
 pub fn configs_for(path: FaultPath) -> Vec<Config> {
     let (map_lock, other) = map_locks();
     let mut v = vec![
-        Config { path, rmap: Rmap::Backing, swap: false, map_lock },
-        Config { path, rmap: Rmap::Backing, swap: true, map_lock },
+        Config { path, rmap: Rmap::Backing, swap: false, map_lock, view: false },
+        Config { path, rmap: Rmap::Backing, swap: true, map_lock, view: false },
     ];
     if path == FaultPath::Speculative {
-        v.push(Config { path, rmap: Rmap::PvEntry, swap: false, map_lock });
-        v.push(Config { path, rmap: Rmap::Backing, swap: false, map_lock: other });
+        v.push(Config { path, rmap: Rmap::PvEntry, swap: false, map_lock, view: false });
+        v.push(Config { path, rmap: Rmap::Backing, swap: false, map_lock: other, view: false });
     }
     v
 }
@@ -196,7 +204,7 @@ fn check_path(
     c: &Config,
     file: Option<&std::fs::File>,
 ) -> Result<bool, String> {
-    let Config { path, rmap, swap, map_lock } = *c;
+    let Config { path, rmap, swap, map_lock, view } = *c;
     let config = VmConfig {
         phys_bytes: 8 << 20,
         cpus: 1,
@@ -204,6 +212,7 @@ fn check_path(
         fault_path: path,
         rmap,
         map_lock,
+        host_views: view,
         ..VmConfig::default()
     };
     // 80 frames: the window's 48 pages in two processes overflow it (object indexes cost a frame or two now, not four: 112 frames paged out too rarely).
@@ -222,6 +231,9 @@ fn check_path(
     let first = vm.new_space().unwrap();
     let initial_free = vm.stats().free_pages;
     vmfault_guards(&first, VM_BASE);
+    // A host view of the window, per process (with `view`).
+    let view_of = |s: &AddressSpace| view.then(|| s.host_view(VM_BASE, ops::W).expect("a host view of the window"));
+    let mut views = vec![view_of(&first)];
     // Processes: the spaces of `Fork`, `None` once exited.
     let mut spaces = vec![Some(first)];
     let mut cur = 0usize;
@@ -235,6 +247,7 @@ fn check_path(
         let got = match op {
             TOp::Fork => match live(&spaces, cur).fork() {
                 Ok(child) => {
+                    views.push(view_of(&child));
                     spaces.push(Some(child));
                     Outcome::Ok
                 }
@@ -245,10 +258,11 @@ fn check_path(
                 Outcome::Ok
             }
             TOp::Exit => {
+                views[cur] = None;
                 spaces[cur] = None;
                 Outcome::Ok
             }
-            op => run_vmfault(&live(&spaces, cur), VM_BASE, op, file),
+            op => run_vmfault_in(&live(&spaces, cur), views[cur].as_ref(), VM_BASE, op, file),
         };
         let maps = spaces[cur].as_ref().map_or_else(Vec::new, |s| vmfault_maps(s, VM_BASE));
         let context = || listing(ops, host, i + 1);
@@ -309,6 +323,7 @@ fn check_path(
     if spaces.len() == 1 && unmapped_all && free != initial_free {
         return Err(format!("{} frames leaked after unmapping everything", initial_free as i64 - free as i64));
     }
+    drop(views);
     drop(spaces);
     vm.drop_caches();
     settle(before_space);

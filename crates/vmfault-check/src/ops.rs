@@ -319,6 +319,28 @@ fn segv_or(e: Error, base: u64, data: Vec<u8>) -> Outcome {
 /// Run `op` on vmfault with the window at `base`; `file` is the
 /// sequences' file (file operations need it).
 pub fn run_vmfault(space: &AddressSpace, base: u64, op: &TOp, file: Option<&std::fs::File>) -> Outcome {
+    run_vmfault_in(space, None, base, op, file)
+}
+
+/// [`run_vmfault`], with the loads and stores of `Read`, `Write`, `Touch`
+/// and aligned `FetchAdd` done natively through `view` (a host view of
+/// the window) if given: each page piece is first touched through the API
+/// with the op's access (the fault, or the SIGSEGV outcome, as the API's
+/// own would be), then copied with plain loads and stores (or the host's
+/// atomics) through the view, which must show what the space holds: a
+/// host mapping the space forgot to take away shows up as a difference.
+pub fn run_vmfault_in(
+    space: &AddressSpace,
+    view: Option<&vmfault::HostView>,
+    base: u64,
+    op: &TOp,
+    file: Option<&std::fs::File>,
+) -> Outcome {
+    if let Some(view) = view
+        && let Some(got) = native(space, view, base, op)
+    {
+        return got;
+    }
     match *op {
         TOp::MmapFile { place, off, len, prot, shared, fpage } => {
             let file = file.expect("file operations need the sequences' file");
@@ -407,6 +429,98 @@ pub fn run_vmfault(space: &AddressSpace, base: u64, op: &TOp, file: Option<&std:
             }
         }
     }
+}
+
+/// `op` through `view` (see [`run_vmfault_in`]); `None` for the ops that
+/// have no native form.
+fn native(space: &AddressSpace, view: &vmfault::HostView, base: u64, op: &TOp) -> Option<Outcome> {
+    // Each piece of `start..start+len` within one page, touched first.
+    let pieces = |start: u64, len: u64, access: Access, mut each: Box<dyn FnMut(u64, usize, usize) + '_>| {
+        let mut done = 0u64;
+        while done < len {
+            let a = start + done;
+            let n = (P - a % P).min(len - done);
+            space.touch(a, access).map_err(|e| (e, done))?;
+            each(a, done as usize, n as usize);
+            done += n;
+        }
+        Ok::<(), (Error, u64)>(())
+    };
+    let ptr = |a: u64| view.ptr(a).expect("the view covers the window");
+    Some(match *op {
+        TOp::Read { off, len } => {
+            let mut buf = vec![0u8; len as usize];
+            let out = buf.as_mut_ptr();
+            // SAFETY: the page is touched, so mapped in the view or faults
+            // into it; `out` holds `len` bytes.
+            let r = pieces(
+                base + off,
+                len,
+                Access::Read,
+                Box::new(|a, at, n| unsafe { std::ptr::copy_nonoverlapping(ptr(a), out.add(at), n) }),
+            );
+            match r {
+                Ok(()) => Outcome::Data(buf),
+                Err((e, done)) => {
+                    buf.truncate(done as usize);
+                    segv_or(e, base, buf)
+                }
+            }
+        }
+        TOp::Write { off, len, seed } => {
+            let data = pattern(seed, len as usize);
+            // SAFETY: as for reads; `data` holds `len` bytes.
+            let r = pieces(
+                base + off,
+                len,
+                Access::Write,
+                Box::new(|a, at, n| unsafe { std::ptr::copy_nonoverlapping(data.as_ptr().add(at), ptr(a), n) }),
+            );
+            match r {
+                Ok(()) => Outcome::Ok,
+                Err((e, _)) => segv_or(e, base, Vec::new()),
+            }
+        }
+        TOp::Touch { off, write } => {
+            let access = if write { Access::Write } else { Access::Read };
+            // SAFETY: touched first; a one-byte atomic of the view's memory.
+            let r = pieces(
+                base + off,
+                1,
+                access,
+                Box::new(|a, _, _| unsafe {
+                    let b = &*ptr(a).cast::<std::sync::atomic::AtomicU8>();
+                    if write {
+                        b.fetch_or(0, std::sync::atomic::Ordering::SeqCst);
+                    } else {
+                        b.load(std::sync::atomic::Ordering::SeqCst);
+                    }
+                }),
+            );
+            match r {
+                Ok(()) => Outcome::Ok,
+                Err((e, _)) => segv_or(e, base, Vec::new()),
+            }
+        }
+        TOp::FetchAdd { off, val } if off % 8 == 0 => {
+            let mut old = 0;
+            // SAFETY: touched for writing first; an aligned word of the view.
+            let r = pieces(
+                base + off,
+                8,
+                Access::Write,
+                Box::new(|a, _, _| unsafe {
+                    old = (*ptr(a).cast::<std::sync::atomic::AtomicU64>())
+                        .fetch_add(val, std::sync::atomic::Ordering::SeqCst);
+                }),
+            );
+            match r {
+                Ok(()) => Outcome::Data(old.to_ne_bytes().to_vec()),
+                Err((e, _)) => segv_or(e, base, Vec::new()),
+            }
+        }
+        _ => return None,
+    })
 }
 
 /// vmfault's mappings clipped to the window at `base`.

@@ -317,7 +317,13 @@ fn a_host_syscall_into_a_populated_view_works() {
 
 #[test]
 fn stores_through_a_view_reach_a_shared_file_on_msync() {
-    let vm = vm(FaultPath::Speculative, 16);
+    for path in PATHS {
+        stores_reach_the_file(path);
+    }
+}
+
+fn stores_reach_the_file(path: FaultPath) {
+    let vm = vm(path, 16);
     let _cpu = vm.attach().unwrap();
     let space = vm.new_space().unwrap();
     let file = TempFile::new(&pattern(4 * P as usize, 1));
@@ -339,13 +345,20 @@ fn stores_through_a_view_reach_a_shared_file_on_msync() {
 
 #[test]
 fn a_working_set_twice_memory_through_a_view_survives_swap() {
+    for path in PATHS {
+        twice_memory_through_swap(path);
+    }
+}
+
+fn twice_memory_through_swap(path: FaultPath) {
     let pages = 512u64; // 2 MiB of frames, a 4 MiB working set
-    let swap = std::env::temp_dir().join(format!("vmfault-test-hostview-{}.swap", std::process::id()));
+    let swap = std::env::temp_dir().join(format!("vmfault-test-hostview-{}-{path:?}.swap", std::process::id()));
     let vm = Vm::new(VmConfig {
         phys_bytes: pages * P,
         cpus: 2,
         prefault: false,
         host_views: true,
+        fault_path: path,
         swap: Some(swap),
         ..VmConfig::default()
     })
@@ -370,13 +383,13 @@ fn a_working_set_twice_memory_through_a_view_survives_swap() {
         assert_eq!(load(&view, a + i * P + P - 8), !word(i), "page {i}");
     }
     let s = vm.stats();
-    assert!(s.pageouts > 0 && s.pageins > 0, "{} pageouts, {} pageins", s.pageouts, s.pageins);
+    assert!(s.pageouts > 0 && s.pageins > 0, "{path:?}: {} pageouts, {} pageins", s.pageouts, s.pageins);
     drop(view);
     space.munmap(a, n * P).unwrap();
     drop(space);
     drop(_cpu);
     let s = common::settled(&vm);
-    assert_eq!((s.free_pages, s.swap_used_pages), (pages - 1, 0), "frames or swap slots lost");
+    assert_eq!((s.free_pages, s.swap_used_pages), (pages - 1, 0), "{path:?}: frames or swap slots lost");
 }
 
 #[test]
