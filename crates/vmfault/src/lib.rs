@@ -46,7 +46,7 @@
 //! | reverse mapping without pv entries (DragonFly) | `object/rmap.rs`, `aspace/rmap.rs` (backing records; `rmap=pv` for comparison) |
 //! | swap and the page daemon | `reclaim/`, `phys/queues.rs`, `object/swap.rs` |
 //! | the machine and one operation's vCPU context | `machine.rs` (`Machine`, `Ctx`), `object/env.rs` (the objects' part: `Env`, `Cx`), `vm.rs` (`Vm::new`, the machine's threads) |
-//! | what else may translate a space's addresses (a host view) | `pmap/table.rs` (`SecondMmu`, `Pmap::install_locked`, `update_range`: every lost frame or right is invalidated there) |
+//! | native loads and stores: host views | `aspace/view.rs` (`HostView`, `Space::resolve_run`), `phys/window.rs` (the windows, the `SIGSEGV` handler), `pmap/table.rs` (`SecondMmu`, `Pmap::install_locked`, `update_range`: every lost frame or right is invalidated there) |
 //! | every knob | `config.rs` (`VmConfig`); counters in `stats.rs` |
 //! | the layer order | the table below; `tests/layering.rs` fails on any import of a higher layer |
 //!
