@@ -447,6 +447,23 @@ fn view_child() {
         // SAFETY: a plain handler function.
         unsafe { libc::signal(libc::SIGSEGV, theirs as *const () as libc::sighandler_t) };
     }
+    if case == "map_count" {
+        // Every other page mapped: a host mapping each, until the process
+        // reaches vm.max_map_count; the error says so.
+        let limit: u64 = std::fs::read_to_string("/proc/sys/vm/max_map_count").unwrap().trim().parse().unwrap();
+        let pages = limit + 1024;
+        let vm =
+            Vm::new(VmConfig { phys_bytes: (pages / 2 + 4096) * P, host_views: true, ..VmConfig::default() }).unwrap();
+        let space = vm.new_space().unwrap();
+        let a = space.mmap(0, pages * P, RW, PA).unwrap();
+        let view = space.host_view(a, pages * P).unwrap();
+        let e = (0..pages / 2)
+            .find_map(|i| view.populate(a + 2 * i * P, P, vmfault::Access::Write).err())
+            .expect("the host's limit was reached");
+        let named = e.errno() == libc::ENOMEM && e.to_string().contains("max_map_count");
+        // SAFETY: async-signal-safe; the verdict is the exit code.
+        unsafe { libc::_exit(if named { 0 } else { 1 }) };
+    }
     let vm = vm(FaultPath::Speculative, 4);
     let space = vm.new_space().unwrap();
     let a = space.mmap(0, P, Prot::READ, PA).unwrap();
@@ -477,6 +494,9 @@ fn faults_outside_views_and_refused_ones_end_as_natively() {
     // A handler installed before vmfault's gets the faults that are not in a view.
     let status = child("view_child", "chained");
     assert_eq!(status.code(), Some(42), "chained: {status:?}");
+    // Host mappings are limited; reaching the limit is an error that says so.
+    let status = child("view_child", "map_count");
+    assert_eq!(status.code(), Some(0), "map_count: {status:?}");
 }
 
 #[test]

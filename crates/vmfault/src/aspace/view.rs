@@ -164,6 +164,12 @@ impl WindowFault for ViewCore {
             Error::Segv { .. } => libc::SIGSEGV,
             _ => libc::SIGBUS,
         };
+        if let Error::Host { call, .. } = &error
+            && self.handler.is_none()
+        {
+            // The process is about to end with SIGBUS: say why.
+            crate::phys::window::say(&["vmfault: ", call, "\n"]);
+        }
         match &self.handler {
             Some(h) if h(&HostFault { addr, access, error }) => Ok(()),
             _ => Err(signal),

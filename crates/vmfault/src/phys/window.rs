@@ -181,7 +181,15 @@ impl Window {
         let p = unsafe { libc::mmap(self.base().add(off).cast(), len, prot, flags, self.fd, file_off) };
         if p == libc::MAP_FAILED {
             let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::ENOMEM);
-            return Err(Error::Host { call: "mmap of a frame into a host view", errno });
+            let call = match errno {
+                // Each run of frames is a host mapping unless it merges
+                // with its neighbours (consecutive frames, the same rights).
+                libc::ENOMEM => {
+                    "mmap of frames into a host view: the process has as many mappings as vm.max_map_count allows"
+                }
+                _ => "mmap of frames into a host view",
+            };
+            return Err(Error::Host { call, errno });
         }
         Ok(())
     }
@@ -243,6 +251,16 @@ impl Drop for Window {
         }
         // SAFETY: unmapping exactly the reservation this value owns.
         unsafe { libc::munmap(self.base().cast(), self.len) };
+    }
+}
+
+/// Write `parts` to standard error with `write(2)`, which a signal
+/// handler may call (no allocation, no lock).
+#[allow(unsafe_code)]
+pub(crate) fn say(parts: &[&str]) {
+    for p in parts {
+        // SAFETY: writing a buffer we borrow to standard error.
+        let _ = unsafe { libc::write(2, p.as_ptr().cast(), p.len()) };
     }
 }
 
