@@ -98,6 +98,19 @@ unsafe fn store_nothing(a: u64) {
     unsafe { std::arch::asm!("lock or byte ptr [{0}], 0", in(reg) a, options(nostack)) };
 }
 
+/// Read one byte of each page of `addr..addr+len`, known readable.
+///
+/// # Safety
+/// The range is readable in this process.
+unsafe fn fault_in_read(addr: u64, len: usize) {
+    let mut a = addr;
+    while a < addr + len as u64 {
+        // SAFETY: the caller's contract.
+        let _ = unsafe { ptr::read_volatile(a as *const u8) };
+        a = (a & !4095) + 4096;
+    }
+}
+
 #[derive(Clone, Copy)]
 enum Kind {
     Read,
@@ -238,9 +251,26 @@ unsafe fn exec(sh: *mut Shared, base: u64, op: &TOp, fd: i32) -> RawResult {
                 unit(libc::madvise((base + off) as *mut libc::c_void, len as usize, advice))
             }
             TOp::Mlock { off, len } => unit(libc::mlock((base + off) as *const libc::c_void, len as usize)),
+            TOp::Mincore { off, len } => {
+                let mut v = [0u8; 16];
+                let r = libc::mincore((base + off) as *mut libc::c_void, len as usize, v.as_mut_ptr());
+                if r == 0 {
+                    let n = (len as usize).div_ceil(4096);
+                    // Bit 0 only: the other bits are reserved.
+                    v.iter_mut().for_each(|b| *b &= 1);
+                    let (at, n) = push_data(sh, v.as_ptr(), n);
+                    RawResult { data_at: at, data_len: n, ..res(K_DATA) }
+                } else {
+                    unit(r)
+                }
+            }
             TOp::Munlock { off, len } => unit(libc::munlock((base + off) as *const libc::c_void, len as usize)),
             TOp::Read { off, len } => {
                 let (done, fault) = probe(sh, Kind::Read, base + off, len as usize, ptr::null());
+                // The grandchild proved these bytes readable: read them here
+                // too, so that this process faults its pages in as the
+                // access would have (`mincore` sees them).
+                fault_in_read(base + off, done);
                 let (at, n) = push_data(sh, (&raw const (*sh).probe.buf).cast::<u8>(), done);
                 match fault {
                     None => RawResult { data_at: at, data_len: n, ..res(K_DATA) },
@@ -273,6 +303,8 @@ unsafe fn exec(sh: *mut Shared, base: u64, op: &TOp, fd: i32) -> RawResult {
                     (_, None) => {
                         if write {
                             store_nothing(a);
+                        } else {
+                            fault_in_read(a, 1);
                         }
                         res(K_OK)
                     }

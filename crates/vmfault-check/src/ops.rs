@@ -110,6 +110,15 @@ pub enum TOp {
         off: u64,
         val: u64,
     },
+    /// `mincore` of `len` bytes at `off` (any offset: EINVAL unless page
+    /// aligned): one byte per page, as data. Pages of a file, and on the
+    /// small machine with swap every page, are compared by length only
+    /// (the host's page cache and its readahead, and pageouts here, decide
+    /// them).
+    Mincore {
+        off: u64,
+        len: u64,
+    },
     /// `mlock` (any offset: it rounds down).
     Mlock {
         off: u64,
@@ -412,6 +421,10 @@ pub fn run_vmfault_in(
             Err(e) => segv_or(e, base, Vec::new()),
         },
         TOp::Mlock { off, len } => unit(space.mlock(base + off, len)),
+        TOp::Mincore { off, len } => match space.mincore(base + off, len) {
+            Ok(v) => Outcome::Data(v),
+            Err(e) => errno(e),
+        },
         TOp::Munlock { off, len } => unit(space.munlock(base + off, len)),
         TOp::Fork | TOp::Switch(_) | TOp::Exit => unreachable!("process ops are run by the caller: {op:?}"),
         TOp::Abs(a) => {
@@ -641,6 +654,10 @@ pub fn op() -> impl Strategy<Value = TOp> {
     });
     let touch = (0..W, any::<bool>()).prop_map(|(off, write)| TOp::Touch { off, write });
     let fetch_add = (0..W / 8, any::<u64>()).prop_map(|(word, val)| TOp::FetchAdd { off: word * 8, val });
+    let mincore = (0..W, any::<bool>()).prop_flat_map(|(off, aligned)| {
+        let off = if aligned { off & !(P - 1) } else { off };
+        (Just(off), 0..=(8 * P).min(W - off)).prop_map(|(off, len)| TOp::Mincore { off, len })
+    });
     let lock = (0..W, any::<bool>())
         .prop_flat_map(|(off, lock)| (Just(off), 0..=(12 * P).min(W - off), Just(lock)))
         .prop_map(|(off, len, lock)| if lock { TOp::Mlock { off, len } } else { TOp::Munlock { off, len } });
@@ -654,6 +671,7 @@ pub fn op() -> impl Strategy<Value = TOp> {
         5 => touch,
         3 => fetch_add,
         4 => lock,
+        2 => mincore,
         1 => abs_op().prop_map(TOp::Abs),
     ]
 }

@@ -42,6 +42,8 @@ pub enum Op {
     NewSpace,
     /// [`Vm::attach`](crate::Vm::attach).
     Attach,
+    /// [`AddressSpace::mincore`](crate::AddressSpace::mincore).
+    Mincore,
     /// [`AddressSpace::host_view`](crate::AddressSpace::host_view) and the
     /// faults and calls of a [`HostView`](crate::HostView).
     HostView,
@@ -66,6 +68,7 @@ impl fmt::Display for Op {
             Op::NewSpace => "Vm::new_space",
             Op::Attach => "Vm::attach",
             Op::HostView => "host view",
+            Op::Mincore => "mincore",
         })
     }
 }

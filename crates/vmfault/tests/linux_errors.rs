@@ -1,5 +1,5 @@
 //! Argument checks in Linux's order, compared with the host kernel: the
-//! errno of `mprotect`, `madvise`, `msync` and `mmap` of a file where an
+//! errno of `mprotect`, `madvise`, `msync`, `mincore` and `mmap` of a file where an
 //! outside test found vmfault answering differently, and their
 //! neighbours.
 
@@ -67,13 +67,18 @@ fn script(o: &mut dyn FnMut(Call) -> i64, out: &mut [i64]) {
         MmapFile(libc::MAP_PRIVATE as u32, 0, Fd::Path),
         MmapFileLen0(Fd::Closed),
         MmapAnon(VALIDATE),
+        Mincore(0, 0, P),
+        Mincore(0, 1, P),
+        Mincore(0, 0, 3 * P),
+        Mincore(2, 0, 2 * P),
+        Mincore(0, 0, u64::MAX - 2 * P),
     ];
     for (i, c) in calls.into_iter().enumerate() {
         out[i] = o(c);
     }
 }
 
-const CALLS: usize = 36;
+const CALLS: usize = 41;
 
 #[derive(Clone, Copy, Debug)]
 enum Fd {
@@ -96,6 +101,8 @@ enum Call {
     MmapFileLen0(Fd),
     /// One anonymous page anywhere, read-write, with `flags | MAP_ANONYMOUS`.
     MmapAnon(u32),
+    /// (page of the window, bytes past its start, length)
+    Mincore(u64, u64, u64),
 }
 
 #[test]
@@ -156,6 +163,10 @@ fn argument_checks_match_the_host_kernel() {
                     mm(std::ptr::null_mut(), 0, libc::PROT_READ, libc::MAP_PRIVATE as u32, fd(d), 0)
                 }
                 Call::MmapAnon(flags) => mm(std::ptr::null_mut(), P, rwp, flags | libc::MAP_ANONYMOUS as u32, -1, 0),
+                Call::Mincore(page, off, len) => {
+                    let mut vec = [0u8; 8];
+                    r(libc::mincore(at(page).byte_add(off as usize), len as usize, vec.as_mut_ptr()))
+                }
             };
             script(&mut call, &mut out[..CALLS]);
         }
@@ -166,7 +177,8 @@ fn argument_checks_match_the_host_kernel() {
     let (ovf, badf, notsup) = (libc::EOVERFLOW as i64, libc::EBADF as i64, libc::EOPNOTSUPP as i64);
     let want = [
         0, inval, nomem, inval, inval, nomem, 0, inval, inval, inval, 0, inval, inval, inval, nomem, inval, 0, inval,
-        inval, busy, nomem, nomem, nomem, nomem, 0, nomem, 0, 0, notsup, ovf, 0, ovf, badf, badf, badf, inval,
+        inval, busy, nomem, nomem, nomem, nomem, 0, nomem, 0, 0, notsup, ovf, 0, ovf, badf, badf, badf, inval, 0,
+        inval, nomem, 0, nomem,
     ];
     assert_eq!(host[..CALLS], want, "the host kernel");
 
@@ -213,6 +225,7 @@ fn argument_checks_match_the_host_kernel() {
             }
             Call::MmapFileLen0(d) => mm(s.mmap_file(0, 0, Prot::READ, MapFlags::PRIVATE, file(d), 0), 0),
             Call::MmapAnon(flags) => mm(s.mmap(0, P, rwp, MapFlags::from_bits_retain(flags) | MapFlags::ANONYMOUS), P),
+            Call::Mincore(page, off, len) => e(s.mincore(at(page) + off, len).map(drop)),
         };
         let mut got = [0i64; CALLS];
         script(&mut call, &mut got);

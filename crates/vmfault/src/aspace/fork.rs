@@ -148,12 +148,15 @@ impl Space {
                     ctx.count_n(Counter::shadow_collapses, u64::from(n));
                 }
             }
-            // Their pages are now shared with the child: read-only.
+            // Their pages are now shared with the child: read-only (and
+            // still readable: on x86 a writable mapping is a readable one,
+            // so a write-only mapping keeps its PTEs, as Linux's do).
             for v in &replaced {
                 if v.prot.contains(Prot::WRITE) {
-                    narrowed += self.pmap.protect(&m.phys, v.start, v.end, v.prot - Prot::WRITE, |a, pte| {
-                        super::pte_cleared(m, self.id(), a, pte)
-                    });
+                    let ro = (v.prot - Prot::WRITE) | Prot::READ;
+                    narrowed += self
+                        .pmap
+                        .protect(&m.phys, v.start, v.end, ro, |a, pte| super::pte_cleared(m, self.id(), a, pte));
                 }
             }
             // Before any fault can copy a page narrowed here.

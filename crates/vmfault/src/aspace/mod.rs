@@ -1,7 +1,7 @@
 //! Address spaces (`vm_map` + `pmap`): a set of VMAs and a page table.
 //!
 //! One file per operation: [`mmap`](mmap.rs), [`munmap`](munmap.rs),
-//! [`mprotect`](mprotect.rs), [`madvise`](madvise.rs), and the software MMU
+//! [`mprotect`](mprotect.rs), [`madvise`](madvise.rs), [`mincore`](mincore.rs), and the software MMU
 //! ([`access`](access.rs): `read`, `write`, `touch`). Placement of mappings
 //! is in `layout.rs`, the VMA index in `vma.rs` (over the persistent tree
 //! of `ptree.rs`), the map locks and their zones in `zones.rs`.
@@ -30,6 +30,7 @@ mod fork;
 mod hold;
 mod layout;
 mod madvise;
+mod mincore;
 mod mlock;
 mod mmap;
 mod mprotect;

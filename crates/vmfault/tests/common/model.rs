@@ -2,7 +2,7 @@
 //! protection, where its bytes live). It knows nothing of VMAs, objects or
 //! page tables, only what a program can observe: results, errnos, bytes.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::ops::*;
 
@@ -24,6 +24,19 @@ struct Page {
     backing: Backing,
     /// `mlock`ed.
     locked: bool,
+    /// Private pages: what backs them since they were mapped or dropped
+    /// (`mincore`'s residency): nothing, the zero page (a read fault), a
+    /// frame of their own (a write fault).
+    resident: Res,
+}
+
+/// What backs a private page: ordered, a write fault's frame above a
+/// read fault's zero page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Res {
+    No,
+    Zero,
+    Frame,
 }
 
 /// The model state.
@@ -31,6 +44,8 @@ struct Page {
 pub struct Model {
     pages: BTreeMap<u64, Page>,
     shared: HashMap<(u64, u64), Box<[u8]>>,
+    /// Shared objects' pages that exist (faulted in through any mapping).
+    shared_resident: HashSet<(u64, u64)>,
     next_object: u64,
     /// What the last operation should have produced.
     pub last: Option<Outcome>,
@@ -85,8 +100,34 @@ impl Model {
         self.next_object += 1;
         for i in 0..n {
             let backing = if shared { Backing::Shared { object, pindex: i } } else { Backing::Private(None) };
-            self.pages.insert(first + i, Page { prot, backing, locked });
+            self.pages.insert(first + i, Page { prot, backing, locked, resident: Res::No });
         }
+    }
+
+    /// Page `page` was faulted in.
+    fn fault_in(&mut self, page: u64, write: bool) {
+        let p = self.pages.get_mut(&page).expect("a mapped page");
+        match p.backing {
+            Backing::Private(_) => p.resident = p.resident.max(if write { Res::Frame } else { Res::Zero }),
+            Backing::Shared { object, pindex } => {
+                self.shared_resident.insert((object, pindex));
+            }
+        }
+    }
+
+    /// Whether page `page` (mapped) is resident.
+    fn resident(&self, page: u64) -> bool {
+        let p = &self.pages[&page];
+        match p.backing {
+            Backing::Private(_) => p.resident != Res::No,
+            Backing::Shared { object, pindex } => self.shared_resident.contains(&(object, pindex)),
+        }
+    }
+
+    /// The pages of `off..off+len` a walk that stops at `fault` visited.
+    fn visited(off: u64, len: u64, fault: Option<u64>) -> std::ops::Range<u64> {
+        let end = fault.unwrap_or(off + len);
+        if end <= off { off / P..off / P } else { off / P..(end - 1) / P + 1 }
     }
 
     /// Apply `op`, recording the expected outcome in `last`.
@@ -121,7 +162,22 @@ impl Model {
                 let first = off / P;
                 for p in first..first + align_up(len) / P {
                     match self.pages.get_mut(&p) {
-                        Some(page) => page.prot = prot,
+                        Some(page) => {
+                            // PROT_NONE clears PTEs: a private page that
+                            // has no frame (the zero page) is no longer
+                            // resident (Linux keeps a PROT_NONE PTE; the
+                            // differential test allows this difference).
+                            if prot == 0 && page.resident == Res::Zero {
+                                page.resident = Res::No;
+                            }
+                            // Linux's mprotect_fixup populates locked
+                            // private memory made writable, by writes.
+                            let private = matches!(page.backing, Backing::Private(_));
+                            if page.locked && private && writable(prot) && !writable(page.prot) {
+                                page.resident = Res::Frame;
+                            }
+                            page.prot = prot;
+                        }
                         None => return Outcome::Err(ENOMEM),
                     }
                 }
@@ -154,6 +210,7 @@ impl Model {
                         Some(page) => {
                             if advice == libc::MADV_DONTNEED && matches!(page.backing, Backing::Private(_)) {
                                 page.backing = Backing::Private(None);
+                                page.resident = Res::No;
                             }
                         }
                         None => hole = true,
@@ -163,8 +220,10 @@ impl Model {
             }
             TOp::Read { off, len } => {
                 let mut data = Vec::new();
-                match self.walk(off, len, readable, |m, page, at, n| data.extend_from_slice(&m.bytes(page)[at..at + n]))
-                {
+                let r =
+                    self.walk(off, len, readable, |m, page, at, n| data.extend_from_slice(&m.bytes(page)[at..at + n]));
+                Model::visited(off, len, r.map(|f| f.0)).for_each(|p| self.fault_in(p, false));
+                match r {
                     None => Outcome::Data(data),
                     Some((fault, code)) => Outcome::Segv { off: fault as i64, code, data },
                 }
@@ -180,6 +239,7 @@ impl Model {
                 for (page, at, from, n) in writes {
                     self.store(page, at, &pat[from..from + n]);
                 }
+                Model::visited(off, len, r.map(|f| f.0)).for_each(|p| self.fault_in(p, true));
                 match r {
                     None => Outcome::Ok,
                     Some((fault, code)) => Outcome::Segv { off: fault as i64, code, data: Vec::new() },
@@ -187,7 +247,9 @@ impl Model {
             }
             TOp::Touch { off, write } => {
                 let ok = if write { writable } else { readable };
-                match self.walk(off, 1, ok, |_, _, _, _| {}) {
+                let r = self.walk(off, 1, ok, |_, _, _, _| {});
+                Model::visited(off, 1, r.map(|f| f.0)).for_each(|p| self.fault_in(p, write));
+                match r {
                     None => Outcome::Ok,
                     Some((fault, code)) => Outcome::Segv { off: fault as i64, code, data: Vec::new() },
                 }
@@ -195,12 +257,27 @@ impl Model {
             TOp::FetchAdd { off, val } => match self.walk(off, 8, writable, |_, _, _, _| {}) {
                 None => {
                     let (page, at) = (off / P, (off % P) as usize);
+                    self.fault_in(page, true);
                     let old = u64::from_ne_bytes(self.bytes(page)[at..at + 8].try_into().unwrap());
                     self.store(page, at, &old.wrapping_add(val).to_ne_bytes());
                     Outcome::Data(old.to_ne_bytes().to_vec())
                 }
                 Some((fault, code)) => Outcome::Segv { off: fault as i64, code, data: Vec::new() },
             },
+            TOp::Mincore { off, len } => {
+                if !off.is_multiple_of(P) {
+                    return Outcome::Err(EINVAL);
+                }
+                let first = off / P;
+                let mut v = Vec::new();
+                for p in first..first + align_up(len) / P {
+                    if !self.pages.contains_key(&p) {
+                        return Outcome::Err(ENOMEM);
+                    }
+                    v.push(u8::from(self.resident(p)));
+                }
+                Outcome::Data(v)
+            }
             TOp::Mlock { off, len } | TOp::Munlock { off, len } => {
                 // Linux's rounding: the start down, the length with the
                 // start's offset up; flags first, a hole stops them (and
@@ -215,8 +292,15 @@ impl Model {
                         None => return Outcome::Err(ENOMEM),
                     }
                 }
-                if lock && (first..first + n).any(|p| self.pages[&p].prot == 0) {
-                    return Outcome::Err(ENOMEM);
+                if lock {
+                    // Populated in order up to the first PROT_NONE page.
+                    for p in first..first + n {
+                        if self.pages[&p].prot == 0 {
+                            return Outcome::Err(ENOMEM);
+                        }
+                        let write = writable(self.pages[&p].prot);
+                        self.fault_in(p, write);
+                    }
                 }
                 Outcome::Ok
             }
@@ -241,6 +325,10 @@ impl Model {
         let shared = ty == libc::MAP_SHARED as u32;
         let valid_type = shared || ty == libc::MAP_PRIVATE as u32;
         let locked = flags & libc::MAP_LOCKED as u32 != 0;
+        // MAP_POPULATE (unless MAP_NONBLOCK) and MAP_LOCKED fault every
+        // page in; PROT_NONE populates nothing.
+        let populate =
+            prot != 0 && (locked || (flags & libc::MAP_POPULATE as u32 != 0 && flags & libc::MAP_NONBLOCK as u32 == 0));
         let n = align_up(len) / P;
         match place {
             Place::Fixed | Place::NoReplace => {
@@ -254,10 +342,16 @@ impl Model {
                     return Outcome::Err(EINVAL);
                 }
                 self.map(off / P, n, prot, shared, locked);
+                if populate {
+                    (off / P..off / P + n).for_each(|p| self.fault_in(p, writable(prot)));
+                }
                 Outcome::Addr(off)
             }
             Place::HintShared if off.is_multiple_of(P) && self.range_free(off / P, n) => {
                 self.map(off / P, n, prot, true, locked);
+                if populate {
+                    (off / P..off / P + n).for_each(|p| self.fault_in(p, writable(prot)));
+                }
                 Outcome::Addr(off)
             }
             Place::HintShared | Place::AnywhereShared => Outcome::Elsewhere,
@@ -290,8 +384,15 @@ impl Model {
         None
     }
 
-    /// Every readable page's bytes, for a whole-window comparison.
+    /// Every readable and resident page's bytes, for a whole-window
+    /// comparison. Reading a page faults it in, which `mincore` would then
+    /// see and the model would not: a page that is not resident holds
+    /// zeros here, as the reads the sequences make check.
     pub fn readable_pages(&self) -> Vec<(u64, Vec<u8>)> {
-        self.pages.iter().filter(|(_, p)| readable(p.prot)).map(|(&k, _)| (k, self.bytes(k))).collect()
+        self.pages
+            .iter()
+            .filter(|&(&k, p)| readable(p.prot) && self.resident(k))
+            .map(|(&k, _)| (k, self.bytes(k)))
+            .collect()
     }
 }
