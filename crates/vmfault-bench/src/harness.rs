@@ -6,6 +6,10 @@
 //! moment the stop flag is raised. Host faults are each thread's minor
 //! faults (`getrusage(RUSAGE_THREAD)`), vmfault faults come from its
 //! counters; CPU time is each worker's thread CPU clock.
+//!
+//! In processes mode (will-it-scale's `-p`) each worker has an address
+//! space of its own: on vmfault a new space of the same machine, on the
+//! host a forked process.
 
 use std::collections::BTreeMap;
 use std::sync::Barrier;
@@ -17,7 +21,7 @@ use vmfault::{Counter, Stats};
 
 use crate::loops;
 use crate::target::{OpError, Target};
-use crate::workload::{Sizes, Workload};
+use crate::workload::{Mode, Sizes, Workload};
 
 /// What one round measured.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -89,15 +93,17 @@ fn counter_delta(before: &Option<Stats>, after: &Option<Stats>) -> BTreeMap<Stri
     names.map(|n| (n.to_string(), a.get(n).unwrap_or(0) - b.get(n).unwrap_or(0))).collect()
 }
 
-/// One round of `w` on `target` with `threads` workers for `secs` seconds.
+/// One round of `w` on `target` with `threads` workers for `secs` seconds,
+/// the workers sharing one address space or each in its own (`mode`).
 pub fn round<T: Target>(
     w: Workload,
     target: &T,
     threads: usize,
     secs: f64,
     sizes: &Sizes,
+    mode: Mode,
 ) -> Result<RoundResult, OpError> {
-    round_until(w, target, threads, secs, sizes, &AtomicBool::new(false))
+    round_until(w, target, threads, secs, sizes, mode, &AtomicBool::new(false))
 }
 
 /// Sleep up to `secs`, returning early once `cancel` is raised.
@@ -112,6 +118,10 @@ fn sleep_unless(secs: f64, cancel: &AtomicBool) {
     }
 }
 
+/// What one worker did: its ops, CPU seconds, host minor faults and heap
+/// allocations.
+type WorkerResult = (Result<loops::Done, OpError>, f64, u64, u64);
+
 /// Like [`round`], but ends early when `cancel` is raised (for live views).
 pub fn round_until<T: Target>(
     w: Workload,
@@ -119,18 +129,41 @@ pub fn round_until<T: Target>(
     threads: usize,
     secs: f64,
     sizes: &Sizes,
+    mode: Mode,
     cancel: &AtomicBool,
 ) -> Result<RoundResult, OpError> {
+    if mode == Mode::Processes && !w.has_processes_mode() {
+        return Err(format!("{} runs in threads mode only", w.name()));
+    }
     if w == Workload::Pft {
         return pft_round(target, threads, secs, sizes, cancel);
     }
+    let before = target.stats();
+    // Processes: vmfault gives each worker a space of its own on the same
+    // machine; the host forks a process per worker.
+    let own: Option<Vec<T>> = match mode {
+        Mode::Threads => None,
+        Mode::Processes => match target.new_process()? {
+            None => {
+                let (seconds, per_worker) = forked_round(w, target, threads, secs, sizes, cancel)?;
+                return finish(w, before, target.stats(), seconds, per_worker);
+            }
+            Some(first) => {
+                let mut v = vec![first];
+                for _ in 1..threads {
+                    v.push(target.new_process()?.expect("a target that made one space makes more"));
+                }
+                Some(v)
+            }
+        },
+    };
     let stop = AtomicBool::new(false);
     let start = Barrier::new(threads + 1);
-    let before = target.stats();
     let (seconds, per_thread) = std::thread::scope(|s| {
         let workers: Vec<_> = (0..threads)
             .map(|i| {
                 let (stop, start) = (&stop, &start);
+                let target = own.as_ref().map_or(target, |v| &v[i]);
                 s.spawn(move || {
                     pin(i);
                     let _cpu = target.enter_thread();
@@ -152,9 +185,20 @@ pub fn round_until<T: Target>(
         let seconds = t0.elapsed().as_secs_f64();
         (seconds, workers.into_iter().map(|h| h.join().expect("worker panicked")).collect::<Vec<_>>())
     });
-    let after = target.stats();
+    drop(own);
+    finish(w, before, target.stats(), seconds, per_thread)
+}
+
+/// The round's totals from its workers' results.
+fn finish(
+    w: Workload,
+    before: Option<Stats>,
+    after: Option<Stats>,
+    seconds: f64,
+    per_worker: Vec<WorkerResult>,
+) -> Result<RoundResult, OpError> {
     let mut r = RoundResult { ops: 0, faults: 0, seconds, cpu_seconds: 0.0, counters: counter_delta(&before, &after) };
-    for (done, cpu, minflt, heap) in per_thread {
+    for (done, cpu, minflt, heap) in per_worker {
         let done = done?;
         r.ops += done.ops;
         if crate::heap::installed() {
@@ -175,6 +219,136 @@ pub fn round_until<T: Target>(
         r.faults = 0;
     }
     Ok(r)
+}
+
+/// One worker's slot in a forked round's shared memory.
+#[repr(C)]
+struct Slot {
+    /// 0 while it runs, 1 done, 2 failed.
+    state: AtomicU64,
+    ops: AtomicU64,
+    cpu_ns: AtomicU64,
+    minflt: AtomicU64,
+}
+
+/// A forked round's shared memory: the start and stop flags, then a slot
+/// per worker.
+#[repr(C)]
+struct Board {
+    ready: AtomicU64,
+    go: AtomicBool,
+    stop: AtomicBool,
+}
+
+/// The host's processes mode (will-it-scale's `-p`): a process per
+/// worker, forked from this one, started and stopped through flags in a
+/// shared anonymous mapping, reporting through it. glibc's `fork` takes
+/// its allocator's locks around the fork, so the children may allocate;
+/// they print nothing and end with `_exit`. A failed worker's error is
+/// its op's text lost to the child: the round reports which worker failed.
+fn forked_round<T: Target>(
+    w: Workload,
+    target: &T,
+    threads: usize,
+    secs: f64,
+    sizes: &Sizes,
+    cancel: &AtomicBool,
+) -> Result<(f64, Vec<WorkerResult>), OpError> {
+    let len = size_of::<Board>() + threads * size_of::<Slot>();
+    // SAFETY: a fresh shared anonymous mapping, zeroed by the kernel (all
+    // flags false, all counts 0: valid atomics).
+    let mem = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if mem == libc::MAP_FAILED {
+        return Err(format!("processes mode: mmap of {len} shared bytes failed: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: the mapping holds a Board then `threads` Slots, aligned (page
+    // start, 8-byte fields), alive until the munmap at the end, after every
+    // child has been reaped.
+    let board = unsafe { &*mem.cast::<Board>() };
+    // SAFETY: as above.
+    let slots = unsafe { std::slice::from_raw_parts(mem.cast::<u8>().add(size_of::<Board>()).cast::<Slot>(), threads) };
+    let mut pids = Vec::with_capacity(threads);
+    for (i, slot) in slots.iter().enumerate() {
+        // SAFETY: the child runs only the worker below and ends in _exit.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            pin(i);
+            let scratch = loops::prepare(w, sizes, i);
+            board.ready.fetch_add(1, Ordering::AcqRel);
+            while !board.go.load(Ordering::Acquire) {
+                std::hint::spin_loop();
+            }
+            let cpu = thread_cpu_seconds();
+            let flt = thread_minor_faults();
+            let r = scratch.and_then(|mut scratch| loops::run(w, target, sizes, &mut scratch, &board.stop));
+            slot.cpu_ns.store(((thread_cpu_seconds() - cpu) * 1e9) as u64, Ordering::Relaxed);
+            slot.minflt.store(thread_minor_faults() - flt, Ordering::Relaxed);
+            let state = match r {
+                Ok(done) => {
+                    slot.ops.store(done.ops, Ordering::Relaxed);
+                    1
+                }
+                Err(_) => 2,
+            };
+            slot.state.store(state, Ordering::Release);
+            // SAFETY: ends the child without running the parent's exit
+            // handlers or destructors.
+            unsafe { libc::_exit(0) };
+        }
+        if pid < 0 {
+            break;
+        }
+        pids.push(pid);
+    }
+    let mut seconds = 0.0;
+    if pids.len() == threads {
+        // Every worker prepared (or one died: then its exit is reaped below).
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while board.ready.load(Ordering::Acquire) < threads as u64 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        board.go.store(true, Ordering::Release);
+        let t0 = Instant::now();
+        sleep_unless(secs, cancel);
+        board.stop.store(true, Ordering::Release);
+        seconds = t0.elapsed().as_secs_f64();
+    } else {
+        board.go.store(true, Ordering::Release);
+        board.stop.store(true, Ordering::Release);
+    }
+    for &pid in &pids {
+        let mut st = 0;
+        // SAFETY: our own child.
+        unsafe { libc::waitpid(pid, &mut st, 0) };
+    }
+    let forked = pids.len();
+    let per_worker = slots
+        .iter()
+        .enumerate()
+        .map(|(i, slot)| {
+            let ok = i < forked && slot.state.load(Ordering::Acquire) == 1;
+            let done = if ok {
+                Ok(loops::Done::from(slot.ops.load(Ordering::Relaxed)))
+            } else if i >= forked {
+                Err(format!("processes mode: fork of worker {i} failed"))
+            } else {
+                Err(format!("processes mode: worker {i} ({}) failed or died", w.name()))
+            };
+            (done, slot.cpu_ns.load(Ordering::Relaxed) as f64 * 1e-9, slot.minflt.load(Ordering::Relaxed), 0)
+        })
+        .collect();
+    // SAFETY: every child has been reaped; nothing refers to the mapping.
+    unsafe { libc::munmap(mem, len) };
+    Ok((seconds, per_worker))
 }
 
 /// pft: the coordinator maps one region; all workers fault their share of
@@ -280,21 +454,50 @@ mod tests {
     use vmfault::{Vm, VmConfig};
 
     #[test]
+    fn processes_mode_gives_each_worker_a_space_of_its_own() {
+        let vm = Vm::new(VmConfig { phys_bytes: 32 << 20, cpus: 2, prefault: false, ..VmConfig::default() }).unwrap();
+        // A worker's target in processes mode: another space of the machine.
+        let t = VmTarget::new(&vm).unwrap();
+        let own = t.new_process().unwrap().expect("vmfault makes a space per worker");
+        assert!(!own.space().same_space(t.space()));
+        let r = round(Workload::PageFault1, &t, 2, 0.02, &Sizes::TINY, Mode::Processes).unwrap();
+        assert!(r.ops > 0 && r.faults > 0, "{r:?}");
+        // The host forks a process per worker: their ops and faults are
+        // counted through the shared board.
+        for w in [Workload::PageFault1, Workload::Mmap1, Workload::Malloc1] {
+            let h = round(w, &HostTarget, 2, 0.02, &Sizes::TINY, Mode::Processes).unwrap();
+            assert!(h.ops > 0 && h.cpu_seconds > 0.0, "{}: {h:?}", w.name());
+            if w == Workload::PageFault1 {
+                assert!(h.faults > 0, "{h:?}");
+            }
+        }
+        // Threaded programs say so.
+        for w in [Workload::Pft, Workload::Ebizzy] {
+            let e = round(w, &HostTarget, 1, 0.02, &Sizes::TINY, Mode::Processes).unwrap_err();
+            assert!(e.contains("threads mode only"), "{e}");
+        }
+    }
+
+    #[test]
     fn every_runnable_workload_runs_on_both_targets() {
         let vm = Vm::new(VmConfig { phys_bytes: 32 << 20, cpus: 2, prefault: false, ..VmConfig::default() }).unwrap();
         for w in Workload::ALL {
             let vmt = VmTarget::new(&vm).unwrap();
-            let r = round(w, &vmt, 2, 0.02, &Sizes::TINY).unwrap();
+            let r = round(w, &vmt, 2, 0.02, &Sizes::TINY, Mode::Threads).unwrap();
             assert!(r.ops > 0, "{} did nothing on vmfault", w.name());
             if w.host_twin() {
-                let h = round(w, &HostTarget, 2, 0.02, &Sizes::TINY).unwrap();
+                let h = round(w, &HostTarget, 2, 0.02, &Sizes::TINY, Mode::Threads).unwrap();
                 assert!(h.ops > 0, "{} did nothing on the host", w.name());
                 if matches!(w, Workload::PageFault1 | Workload::Pft | Workload::Ebizzy) {
                     assert!(r.faults > 0 && h.faults > 0, "{}: no faults counted", w.name());
                     assert!(r.counters["map_lock_acquisitions"] > 0);
                 }
             } else {
-                assert!(round(w, &HostTarget, 1, 0.02, &Sizes::TINY).is_err(), "{} has no host twin", w.name());
+                assert!(
+                    round(w, &HostTarget, 1, 0.02, &Sizes::TINY, Mode::Threads).is_err(),
+                    "{} has no host twin",
+                    w.name()
+                );
             }
             if w == Workload::Shared64 {
                 assert!(r.counters["shared64_forks"] > 0 && r.counters["shared64_rmap_bytes"] > 0);

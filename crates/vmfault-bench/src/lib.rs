@@ -37,7 +37,7 @@ use vmfault::{Vm, VmConfig};
 pub use harness::RoundResult;
 pub use results::{ABORT_COUNTERS, Comparison, LOCKLESS_COUNTERS, Machine, Results, Row, RunInfo, Spread};
 use target::{HostTarget, VmTarget};
-pub use workload::{Sizes, Workload};
+pub use workload::{Mode, Sizes, Workload};
 
 /// What to measure.
 #[derive(Debug, Clone)]
@@ -65,6 +65,10 @@ pub struct Plan {
     pub host: bool,
     /// Measure the zero-fill limit at every thread count.
     pub zero_fill: bool,
+    /// Modes, in order: threads (one address space, will-it-scale's `-t`),
+    /// processes (a space per worker, `-p`), or both. Rows of processes
+    /// mode carry `mode=processes` in their settings.
+    pub modes: Vec<Mode>,
 }
 
 impl Default for Plan {
@@ -81,6 +85,7 @@ impl Default for Plan {
             compare: None,
             host: true,
             zero_fill: true,
+            modes: vec![Mode::Threads],
         }
     }
 }
@@ -116,6 +121,7 @@ pub type Settings = BTreeMap<String, String>;
 /// One system of a run: vmfault with some settings, or the host.
 struct System {
     label: String,
+    mode: Mode,
     settings: BTreeMap<String, String>,
     /// vmfault's configuration: every measured point builds a fresh `Vm`
     /// from it, so that no point runs on what another left (a free list
@@ -207,22 +213,36 @@ fn label(settings: &BTreeMap<String, String>) -> String {
 pub fn run(plan: &Plan, observe: &mut dyn FnMut(Event)) -> Results {
     let machine = Machine::detect();
     let mut rows = Vec::new();
-    let mut systems: Vec<System> = Vec::new();
-    match plan.vm_configs() {
-        Ok(cfgs) => {
-            for (cfg, settings) in cfgs {
-                // Built once here to report a configuration the host cannot
-                // hold up front; each point builds its own.
-                match Vm::new(cfg.clone()) {
-                    Ok(_) => systems.push(System { label: label(&settings), settings, vm: Some(cfg) }),
-                    Err(e) => observe(Event::Note(format!("{}: cannot build the Vm: {e}", label(&settings)))),
-                }
+    // Per mode, the vmfault systems, then the host.
+    let mut by_mode: Vec<Vec<System>> = Vec::new();
+    let mut cfgs = plan.vm_configs().map_err(|e| observe(Event::Note(e))).unwrap_or_default();
+    // Built once here to report a configuration the host cannot hold up
+    // front; each point builds its own.
+    cfgs.retain(|(cfg, settings)| {
+        Vm::new(cfg.clone())
+            .map_err(|e| observe(Event::Note(format!("{}: cannot build the Vm: {e}", label(settings)))))
+            .is_ok()
+    });
+    for &mode in &plan.modes {
+        let moded = |mut settings: Settings| {
+            if mode != Mode::Threads {
+                settings.insert("mode".into(), mode.name().into());
             }
+            settings
+        };
+        let mut systems: Vec<System> = cfgs
+            .iter()
+            .map(|(cfg, settings)| {
+                let settings = moded(settings.clone());
+                System { label: label(&settings), mode, settings, vm: Some(cfg.clone()) }
+            })
+            .collect();
+        if plan.host {
+            let settings = moded(BTreeMap::new());
+            let label = if settings.is_empty() { "host".into() } else { format!("host mode={}", mode.name()) };
+            systems.push(System { label, mode, settings, vm: None });
         }
-        Err(e) => observe(Event::Note(e)),
-    }
-    if plan.host {
-        systems.push(System { label: "host".into(), settings: BTreeMap::new(), vm: None });
+        by_mode.push(systems);
     }
     let runnable: Vec<Workload> = plan.workloads.iter().copied().filter(|w| *w != Workload::ZeroFill).collect();
     let per_point = plan.rounds + usize::from(plan.warmup_secs > 0.0);
@@ -234,10 +254,18 @@ pub fn run(plan: &Plan, observe: &mut dyn FnMut(Event)) -> Results {
         footprints.clear();
     }
     let zf = footprints.len() * plan.threads.len() * per_point;
-    let point_systems: usize = runnable.iter().map(|w| systems.len() - usize::from(plan.host && !w.host_twin())).sum();
+    let runs = |systems: &[System], w: Workload| {
+        if systems.first().is_some_and(|s| s.mode == Mode::Processes) && !w.has_processes_mode() {
+            0
+        } else {
+            systems.len() - usize::from(plan.host && !w.host_twin())
+        }
+    };
+    let point_systems: usize =
+        by_mode.iter().map(|systems| runnable.iter().map(|&w| runs(systems, w)).sum::<usize>()).sum();
     observe(Event::Planned { rounds: point_systems * plan.threads.len() * per_point + zf });
 
-    let host = [System { label: "host".into(), settings: BTreeMap::new(), vm: None }];
+    let host = [System { label: "host".into(), mode: Mode::Threads, settings: BTreeMap::new(), vm: None }];
     for &bytes in &footprints {
         let sizes = Sizes { region: bytes, ..plan.sizes };
         for &t in &plan.threads {
@@ -247,11 +275,17 @@ pub fn run(plan: &Plan, observe: &mut dyn FnMut(Event)) -> Results {
             }
         }
     }
-    for &w in &runnable {
-        // Workloads without a host twin run on the Vms only.
-        let on = if w.host_twin() { &systems[..] } else { &systems[..systems.len() - usize::from(plan.host)] };
-        for &t in &plan.threads {
-            rows.extend(measure_point(plan, &plan.sizes, w, t, on, observe));
+    for systems in &by_mode {
+        for &w in &runnable {
+            if systems.first().is_some_and(|s| s.mode == Mode::Processes) && !w.has_processes_mode() {
+                observe(Event::Note(format!("{}: threads mode only (skipped in processes mode)", w.name())));
+                continue;
+            }
+            // Workloads without a host twin run on the Vms only.
+            let on = if w.host_twin() { &systems[..] } else { &systems[..systems.len() - usize::from(plan.host)] };
+            for &t in &plan.threads {
+                rows.extend(measure_point(plan, &plan.sizes, w, t, on, observe));
+            }
         }
     }
     results::derive(&mut rows, &plan.sizes);
@@ -262,6 +296,7 @@ pub fn run(plan: &Plan, observe: &mut dyn FnMut(Event)) -> Results {
         .map(|r| r.ops_per_sec);
     let mut plan_info = BTreeMap::new();
     plan_info.insert("threads".to_string(), serde_json::json!(plan.threads));
+    plan_info.insert("modes".to_string(), serde_json::json!(plan.modes));
     plan_info.insert("rounds".to_string(), serde_json::json!(plan.rounds));
     plan_info.insert("round_secs".to_string(), serde_json::json!(plan.round_secs));
     plan_info.insert("warmup_secs".to_string(), serde_json::json!(plan.warmup_secs));
@@ -312,12 +347,12 @@ fn measure_point(
             let secs = if warmup { plan.warmup_secs } else { plan.round_secs };
             let r = match &vms[i] {
                 Some(vm) => {
-                    let r = VmTarget::new(vm).and_then(|t| harness::round(w, &t, threads, secs, sizes));
+                    let r = VmTarget::new(vm).and_then(|t| harness::round(w, &t, threads, secs, sizes, s.mode));
                     // Untimed: the files a round mapped stay cached otherwise.
                     vm.drop_caches();
                     r
                 }
-                None => harness::round(w, &HostTarget, threads, secs, sizes),
+                None => harness::round(w, &HostTarget, threads, secs, sizes, s.mode),
             };
             match r {
                 Ok(r) if !warmup => rounds[i].push(r),
@@ -346,12 +381,16 @@ fn compare(plan: &Plan, rows: &[Row]) -> Vec<Comparison> {
         return Vec::new();
     };
     let mut out = Vec::new();
+    // In the first mode the plan lists (a Comparison names no mode).
+    let mode = plan.modes.first().copied().unwrap_or_default();
+    let mode = (mode != Mode::Threads).then(|| mode.name());
     let find = |w: Workload, t: usize, v: &str| {
         rows.iter().find(|r| {
             r.workload == w
                 && r.threads == t
                 && r.system == "vmfault"
                 && r.settings.get(key).map(String::as_str) == Some(v)
+                && r.settings.get("mode").map(String::as_str) == mode
         })
     };
     for w in plan.workloads.iter().copied().filter(|w| *w != Workload::ZeroFill) {
@@ -450,6 +489,40 @@ mod tests {
         // an unscrambled free list.
         assert!(pf1.frame_adjacency.is_some_and(|a| a > 0.0), "{:?}", pf1.frame_adjacency);
         assert!(pf1.per_op["frame_allocs"] > 0.0);
+    }
+
+    #[test]
+    fn both_modes_give_rows_paired_with_their_own_host_twin() {
+        let mut plan = tiny(vec![Workload::PageFault1, Workload::Pft]);
+        plan.modes = vec![Mode::Threads, Mode::Processes];
+        plan.zero_fill = false;
+        let results = run(&plan, &mut |_| {});
+        let mode = |r: &Row| r.settings.get("mode").cloned();
+        for t in [1, 2] {
+            let pf1: Vec<(&str, Option<String>)> = results
+                .rows
+                .iter()
+                .filter(|r| r.workload == Workload::PageFault1 && r.threads == t)
+                .map(|r| (r.system.as_str(), mode(r)))
+                .collect();
+            let p = Some("processes".to_string());
+            assert_eq!(pf1, [("vmfault", None), ("host", None), ("vmfault", p.clone()), ("host", p)], "x{t}");
+        }
+        assert!(results.rows.iter().all(|r| r.error.is_none() && r.ops_per_sec > 0.0));
+        assert!(!results.rows.iter().any(|r| r.workload == Workload::Pft && mode(r).is_some()), "pft is threads only");
+        // Each vmfault row against the host row of its own mode.
+        for r in results.rows.iter().filter(|r| r.system == "vmfault") {
+            let host = results
+                .rows
+                .iter()
+                .find(|h| {
+                    h.system == "host" && h.workload == r.workload && h.threads == r.threads && mode(h) == mode(r)
+                })
+                .unwrap();
+            let want = results::ratio(host, r).unwrap();
+            assert_eq!(r.host_ratio.unwrap().median, want.median);
+        }
+        assert_eq!(results.plan["modes"], serde_json::json!(["threads", "processes"]));
     }
 
     #[test]

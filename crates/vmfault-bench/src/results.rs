@@ -283,8 +283,12 @@ pub(crate) fn derive(rows: &mut [Row], sizes: &crate::Sizes) {
             row.zero_fill_fraction = Some(row.faults_per_sec / z.ops_per_sec);
         }
         if row.system == "vmfault"
-            && let Some(h) =
-                snapshot.iter().find(|r| r.workload == row.workload && r.threads == row.threads && r.system == "host")
+            && let Some(h) = snapshot.iter().find(|r| {
+                r.workload == row.workload
+                    && r.threads == row.threads
+                    && r.system == "host"
+                    && r.settings.get("mode") == row.settings.get("mode")
+            })
         {
             row.host_ratio = ratio(h, row);
         }

@@ -68,6 +68,13 @@ pub trait Target: Sync {
 
     /// vmfault's statistics, if this is vmfault.
     fn stats(&self) -> Option<Stats>;
+
+    /// A target for a worker of its own process (processes mode): vmfault
+    /// gives a new address space of the same machine; `None` where the
+    /// harness forks instead (the host).
+    fn new_process(&self) -> Result<Option<Self>, OpError>
+    where
+        Self: Sized;
 }
 
 /// The layout of exec1's "binary" and what one exec touches.
@@ -295,6 +302,10 @@ impl Target for VmTarget {
     fn stats(&self) -> Option<Stats> {
         Some(self.vm.stats())
     }
+
+    fn new_process(&self) -> Result<Option<VmTarget>, OpError> {
+        VmTarget::new(&self.vm).map(Some)
+    }
 }
 
 /// `mmap` on the host; the address, or the errno as text.
@@ -440,10 +451,14 @@ impl Target for HostTarget {
     }
 
     fn mlock_loop(&self, _len: u64, _shared: bool, _stop: &AtomicBool) -> Result<u64, OpError> {
-        Err("mlock1 has no host twin (the seed's test runs one process per worker)".into())
+        Err("mlock1 has no host twin (it runs one process per worker already)".into())
     }
 
     fn stats(&self) -> Option<Stats> {
         None
+    }
+
+    fn new_process(&self) -> Result<Option<HostTarget>, OpError> {
+        Ok(None)
     }
 }

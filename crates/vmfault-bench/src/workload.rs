@@ -3,6 +3,34 @@
 
 use serde::{Deserialize, Serialize};
 
+/// How a point's workers share memory (will-it-scale's `-t` and `-p`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Every worker in one address space (vmfault: vCPUs of one space; the
+    /// host: threads of this process).
+    #[default]
+    Threads,
+    /// Each worker in an address space of its own (vmfault: a space per
+    /// worker on the same machine; the host: a forked process per worker).
+    Processes,
+}
+
+impl Mode {
+    /// Its name, as `--mode` takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Threads => "threads",
+            Mode::Processes => "processes",
+        }
+    }
+
+    /// The mode called `name`.
+    pub fn from_name(name: &str) -> Option<Mode> {
+        [Mode::Threads, Mode::Processes].into_iter().find(|m| m.name() == name)
+    }
+}
+
 /// A benchmark workload. Each has a vmfault version (through the
 /// `AddressSpace` API, one vCPU per thread) and, where the host can run it,
 /// a host-kernel twin with the same parameters (real `mmap`/`munmap`).
@@ -37,8 +65,8 @@ pub enum Workload {
     Pft,
     /// `ebizzy -mT`: map 512 KiB, write one byte per page, unmap; one op = one record.
     Ebizzy,
-    /// The seed's `mlock` loop: mlock/munlock a 64 KiB range, each worker
-    /// in an address space of its own (the seed ran processes).
+    /// An `mlock` loop: mlock/munlock a 64 KiB range, each worker in an
+    /// address space of its own (as processes would be).
     #[serde(rename = "mlock1")]
     Mlock1,
     /// The same on one 64 KiB range of shared memory that every worker's
@@ -55,7 +83,7 @@ pub enum Workload {
     /// reverse map: rmap bytes, fork time, unmap time).
     #[serde(rename = "shared64")]
     Shared64,
-    /// The seed's exec loop: a new space maps a shared "binary" file (text
+    /// An exec loop: a new space maps a shared "binary" file (text
     /// private read-execute, data private read-write) and a stack, faults a
     /// working set, exits; one op = one exec.
     #[serde(rename = "exec1")]
@@ -170,6 +198,25 @@ impl Workload {
             }
             Workload::ZeroFill => "zero 4 KiB pages of the same footprint (op = page): the zero-fill limit",
         }
+    }
+
+    /// Whether it runs in processes mode too (will-it-scale's `-p`): the
+    /// will-it-scale-like loops, each worker's on its own memory. pft and
+    /// ebizzy are threaded programs, shared64 and the mlock loops arrange
+    /// their own spaces, zero-fill is a reference.
+    pub fn has_processes_mode(self) -> bool {
+        matches!(
+            self,
+            Workload::PageFault1
+                | Workload::PageFault2
+                | Workload::PageFault3
+                | Workload::Malloc1
+                | Workload::Mmap1
+                | Workload::Vmlocal
+                | Workload::Brk1
+                | Workload::Fork1
+                | Workload::Exec1
+        )
     }
 
     /// Whether the host kernel runs a twin of it.

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use vmfault::VmConfig;
-use vmfault_bench::{Event, Plan, Results, RunInfo, Sizes, Workload, default_threads, run as run_plan};
+use vmfault_bench::{Event, Mode, Plan, Results, RunInfo, Sizes, Workload, default_threads, run as run_plan};
 
 use crate::{BenchArgs, apply_sets, plot, table};
 
@@ -66,7 +66,19 @@ fn plan(a: &BenchArgs) -> Result<Plan, String> {
             Some((key.trim().to_string(), values))
         }
     };
+    let mut modes = Vec::new();
+    for m in &a.mode {
+        let mode = Mode::from_name(m.trim())
+            .ok_or_else(|| format!("--mode {m}: expected threads or processes (or both, comma-separated)"))?;
+        if !modes.contains(&mode) {
+            modes.push(mode);
+        }
+    }
+    if modes.is_empty() {
+        modes.push(Mode::Threads);
+    }
     Ok(Plan {
+        modes,
         workloads,
         threads,
         rounds: a.rounds,

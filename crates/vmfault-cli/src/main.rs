@@ -112,6 +112,12 @@ struct BenchArgs {
     /// Skip the host-kernel twins.
     #[arg(long)]
     no_host: bool,
+    /// How workers share memory, comma-separated: threads (all in one
+    /// address space, will-it-scale's -t) and/or processes (each in its
+    /// own: a space per worker on vmfault, a forked process per worker on
+    /// the host; -p). pft and ebizzy run in threads mode only.
+    #[arg(long, value_delimiter = ',', default_value = "threads", value_name = "MODE[,MODE]")]
+    mode: Vec<String>,
     /// Also write the JSON results here.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,

@@ -6,7 +6,7 @@ use std::fmt::Write;
 
 use vmfault::{Vm, VmConfig};
 use vmfault_bench::target::VmTarget;
-use vmfault_bench::{Sizes, Workload, harness, size_vm};
+use vmfault_bench::{Mode, Sizes, Workload, harness, size_vm};
 
 use crate::{RunArgs, apply_sets, runnable_workload, table::human};
 
@@ -56,7 +56,7 @@ pub(crate) fn run(a: RunArgs) -> Result<(), String> {
     let spinner = indicatif::ProgressBar::new_spinner();
     spinner.set_message(format!("running {} on {threads} vCPU(s) for {secs} s", w.name()));
     spinner.enable_steady_tick(std::time::Duration::from_millis(120));
-    let r = harness::round(w, &target, threads, secs, &sizes);
+    let r = harness::round(w, &target, threads, secs, &sizes, Mode::Threads);
     spinner.finish_and_clear();
     print!("{}", report(&vm, w, threads, &r?));
     Ok(())
@@ -70,7 +70,7 @@ mod tests {
     fn prints_every_counter_one_per_line() {
         let vm = Vm::new(VmConfig { phys_bytes: 8 << 20, cpus: 1, prefault: false, ..VmConfig::default() }).unwrap();
         let t = VmTarget::new(&vm).unwrap();
-        let r = harness::round(Workload::Ebizzy, &t, 1, 0.02, &Sizes::TINY).unwrap();
+        let r = harness::round(Workload::Ebizzy, &t, 1, 0.02, &Sizes::TINY, Mode::Threads).unwrap();
         let text = report(&vm, Workload::Ebizzy, 1, &r);
         for (name, _, _) in vm.stats().entries() {
             assert!(text.lines().any(|l| l.split_whitespace().nth(1) == Some(name)), "{name} missing:\n{text}");

@@ -20,7 +20,7 @@ use ratatui::text::Line;
 use ratatui::widgets::{Block, Borders, Paragraph, Row, Table};
 use vmfault::{CpuStats, Stats, Vm};
 use vmfault_bench::target::VmTarget;
-use vmfault_bench::{Workload, harness};
+use vmfault_bench::{Mode, Workload, harness};
 
 use crate::stat::build_vm;
 use crate::{RunArgs, runnable_workload, table::human};
@@ -182,7 +182,7 @@ pub(crate) fn run(a: RunArgs) -> Result<(), String> {
     let title = format!("{} on {threads} vCPU(s)", w.name());
     let (round, shown) = std::thread::scope(|s| {
         let worker = s.spawn(|| {
-            let r = harness::round_until(w, &target, threads, secs, &sizes, &cancel);
+            let r = harness::round_until(w, &target, threads, secs, &sizes, Mode::Threads, &cancel);
             done.store(true, Ordering::Relaxed);
             r
         });
