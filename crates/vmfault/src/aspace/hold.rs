@@ -56,6 +56,13 @@ impl AddressSpace {
     /// Errors as the access would fail: `Error::Segv`, `Error::Bus`,
     /// `ENOMEM`.
     ///
+    /// A write hold and `fork`: unlike Linux, which copies a pinned page
+    /// into the child at fork (`page_maybe_dma_pinned`), a private page
+    /// held for writing is shared with the child like any other, and the
+    /// parent's next store copies it: the hold then reaches the child's
+    /// page, not the parent's. Drop write holds of private memory before
+    /// forking (or hold shared memory, which fork does not copy).
+    ///
     /// ```
     /// use vmfault::{Vm, VmConfig, Prot, MapFlags, Access};
     /// let vm = Vm::new(VmConfig { phys_bytes: 16 << 20, ..VmConfig::default() })?;

@@ -253,7 +253,7 @@ fn fell_back(ctx: &Ctx<'_>, space: &Space, fault: Fault, why: Abort, f: &mut imp
     tracing::debug!(
         target: "vmfault::fault",
         reason = why.name(),
-        addr = fault.addr,
+        addr = %format_args!("{:#x}", fault.addr),
         path = path.name(),
         "lockless fault fell back to the map lock"
     );
