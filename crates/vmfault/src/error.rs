@@ -24,6 +24,8 @@ pub enum Op {
     Write,
     /// A single access through [`AddressSpace::touch`](crate::AddressSpace::touch).
     Touch,
+    /// An instruction fetch through [`AddressSpace::fetch`](crate::AddressSpace::fetch).
+    Fetch,
     /// An atomic read-modify-write of guest memory
     /// ([`AddressSpace::compare_exchange_u64`](crate::AddressSpace::compare_exchange_u64)
     /// and its siblings).
@@ -63,6 +65,7 @@ impl fmt::Display for Op {
             Op::Read => "read",
             Op::Write => "write",
             Op::Touch => "touch",
+            Op::Fetch => "fetch",
             Op::Atomic => "atomic",
             Op::NewVm => "Vm::new",
             Op::NewSpace => "Vm::new_space",

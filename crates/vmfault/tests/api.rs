@@ -311,3 +311,40 @@ fn a_space_kept_in_a_thread_local_ends_with_its_thread() {
     t.join().expect("the thread ends cleanly");
     assert_eq!(vm.stats().data_pages, 0, "the kept space's pages were freed at the thread's end");
 }
+
+#[test]
+fn fetch_needs_execute_permission_and_reads_as_a_load() {
+    for path in FAULT_PATHS {
+        let vm = test_vm(8 << 20, 1, path);
+        let s = vm.new_space().unwrap();
+        let rw = Prot::READ | Prot::WRITE;
+        let a = s.mmap(0, 3 * 4096, rw, MapFlags::PRIVATE | MapFlags::ANONYMOUS).unwrap();
+        let code: Vec<u8> = (0..2 * 4096u32).map(|i| (i * 7 + 1) as u8).collect();
+        s.write(a, &code).unwrap();
+        let mut buf = vec![0u8; code.len()];
+        // Readable and writable is not executable.
+        assert!(matches!(s.fetch(a, &mut buf), Err(Error::Segv { addr, code: SegvCode::AccErr }) if addr == a));
+        s.mprotect(a, 4096, Prot::READ | Prot::EXEC).unwrap();
+        // Across into the page without PROT_EXEC: the first page's bytes,
+        // then SEGV_ACCERR at the boundary.
+        let e = s.fetch(a + 100, &mut buf).unwrap_err();
+        assert!(matches!(e, Error::Segv { addr, code: SegvCode::AccErr } if addr == a + 4096), "{path:?}: {e:?}");
+        assert_eq!(buf[..4096 - 100], code[100..4096]);
+        s.mprotect(a + 4096, 4096, Prot::READ | Prot::EXEC).unwrap();
+        s.fetch(a, &mut buf).unwrap();
+        assert_eq!(buf, code);
+        // Execute-only still fetches (x86 reads what it may execute);
+        // PROT_NONE does not; a fresh executable page fetches zeros.
+        s.mprotect(a, 4096, Prot::EXEC).unwrap();
+        s.fetch(a, &mut buf[..16]).unwrap();
+        s.mprotect(a, 4096, Prot::NONE).unwrap();
+        assert!(matches!(s.fetch(a, &mut buf[..1]), Err(Error::Segv { code: SegvCode::AccErr, .. })));
+        s.mprotect(a + 2 * 4096, 4096, Prot::READ | Prot::EXEC).unwrap();
+        let mut z = [1u8; 8];
+        s.fetch(a + 2 * 4096, &mut z).unwrap();
+        assert_eq!(z, [0; 8]);
+        // Beyond every mapping: SEGV_MAPERR.
+        s.munmap(a, 3 * 4096).unwrap();
+        assert!(matches!(s.fetch(a, &mut z), Err(Error::Segv { code: SegvCode::MapErr, .. })));
+    }
+}

@@ -53,6 +53,36 @@ impl AddressSpace {
         })
     }
 
+    /// Fetch `buf.len()` bytes of instructions from `addr`: a load that
+    /// needs execute permission (an emulator's instruction fetch), in one
+    /// walk per page, faulting pages in as needed. A page mapped without
+    /// `PROT_EXEC` fails with `Error::Segv` (`SEGV_ACCERR`) at its first
+    /// byte, as a jump there would; `buf[..fault_addr - addr]` holds the
+    /// bytes fetched before it.
+    ///
+    /// ```
+    /// use vmfault::{Vm, VmConfig, Prot, MapFlags, Error};
+    /// let vm = Vm::new(VmConfig { phys_bytes: 16 << 20, ..VmConfig::default() })?;
+    /// let space = vm.new_space()?;
+    /// let text = space.mmap(0, 4096, Prot::READ | Prot::WRITE, MapFlags::PRIVATE | MapFlags::ANONYMOUS)?;
+    /// space.write(text, &[0x90, 0xc3])?; // nop; ret
+    /// let mut insn = [0u8; 2];
+    /// assert!(matches!(space.fetch(text, &mut insn), Err(Error::Segv { .. }))); // not executable yet
+    /// space.mprotect(text, 4096, Prot::READ | Prot::EXEC)?;
+    /// space.fetch(text, &mut insn)?;
+    /// assert_eq!(insn, [0x90, 0xc3]);
+    /// # Ok::<(), vmfault::Error>(())
+    /// ```
+    pub fn fetch(&self, addr: u64, buf: &mut [u8]) -> Result<()> {
+        let s = &self.s;
+        s.vm.with_ctx(|ctx| {
+            let phys = &ctx.env.phys;
+            s.access(ctx, Op::Fetch, addr, buf.len(), Access::Exec, |pfn, off, at, n| {
+                phys.read_bytes(pfn, off, &mut buf[at..at + n])
+            })
+        })
+    }
+
     /// One access of the given kind at `addr`, like a single load, store or
     /// instruction fetch: faults the page in (or fails with SIGSEGV) but
     /// transfers no data.
