@@ -237,7 +237,9 @@ pub(crate) mod sync;
 pub mod types;
 mod vm;
 
-pub use aspace::{AddressSpace, HostFault, HostFaultHandler, HostView, MAX_MAP_COUNT, PageHold};
+pub use aspace::{
+    AddressSpace, FileRange, HostFault, HostFaultHandler, HostView, MAX_MAP_COUNT, MappingUsage, PageHold,
+};
 pub use config::{
     FaultPath, FrameOrder, FreePath, MapLock, PcpHigh, Refcount, Rmap, STREAM_AFTER_FRAMES, VmConfig, ZeroStores,
 };

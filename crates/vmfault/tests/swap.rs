@@ -445,3 +445,27 @@ fn swap_needs_the_page_daemon() {
     assert_eq!(e.errno(), libc::EINVAL);
     assert!(e.to_string().contains("rmap=backing"), "{e}");
 }
+
+/// `usage()` counts what went to swap: twice physical memory written, the
+/// mapping's `swap` holds the pages not resident, and none is counted twice.
+#[test]
+fn usage_counts_swapped_pages() {
+    const PHYS: u64 = 512;
+    let vm = swap_vm("usage", PHYS, 1, |_| {});
+    let space = vm.new_space().unwrap();
+    let _cpu = vm.attach().unwrap();
+    let pages = 2 * PHYS;
+    let base = space.mmap(0, pages * P, RW, PA).unwrap();
+    for p in 0..pages {
+        space.write(base + p * P, &pattern(5, p)).unwrap();
+    }
+    let s = settled(&vm, |s| s.pageouts >= PHYS);
+    let u = space.usage().into_iter().find(|u| u.info.start == base).unwrap();
+    assert!(u.swap >= PHYS / 2 * P && u.rss > 0, "{u:?} {s:?}");
+    assert!(u.rss + u.swap <= pages * P, "a page counted twice: {u:?}");
+    assert!(u.swap / P <= vm.stats().swap_used_pages, "{u:?}");
+    assert_eq!(u.anonymous, u.rss);
+    for p in shuffled(pages, 5) {
+        check(&space, base, 5, p);
+    }
+}

@@ -1,7 +1,7 @@
 //! Address spaces (`vm_map` + `pmap`): a set of VMAs and a page table.
 //!
 //! One file per operation: [`mmap`](mmap.rs), [`munmap`](munmap.rs),
-//! [`mprotect`](mprotect.rs), [`madvise`](madvise.rs), [`mincore`](mincore.rs), and the software MMU
+//! [`mprotect`](mprotect.rs), [`madvise`](madvise.rs), [`mincore`](mincore.rs), [`usage`](usage.rs) (smaps), and the software MMU
 //! ([`access`](access.rs): `read`, `write`, `touch`). Placement of mappings
 //! is in `layout.rs`, the VMA index in `vma.rs` (over the persistent tree
 //! of `ptree.rs`), the map locks and their zones in `zones.rs`.
@@ -38,6 +38,7 @@ mod munmap;
 mod ptree;
 mod rmap;
 mod spares;
+mod usage;
 pub(crate) use rmap::unmap_everywhere_unlocked;
 pub use view::{HostFault, HostFaultHandler, HostView};
 mod view;
@@ -61,6 +62,7 @@ use crate::sync::rank::{self, Rank, Ranked};
 use crate::sync::rcu::RcuReadGuard;
 use crate::types::MappingInfo;
 pub use hold::PageHold;
+pub use usage::{FileRange, MappingUsage};
 use vma::{Lookup, Snapshot, SnapshotRef, Vma, VmaFlags, VmaIndex, VmaTree};
 pub(crate) use zones::{HeldView, MapHeld, MapRead, Zones};
 

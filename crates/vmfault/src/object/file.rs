@@ -125,6 +125,11 @@ fn host(call: &'static str, e: &std::io::Error) -> Error {
 }
 
 impl Object {
+    /// A file object's (device, inode); `None` for anonymous memory.
+    pub(crate) fn file_key(&self) -> Option<(u64, u64)> {
+        self.file.as_ref().map(|f| f.key)
+    }
+
     /// The object of `file` (the one every mapping of it shares), made on
     /// first use.
     pub(crate) fn for_file(ctx: &Cx<'_>, m: &Arc<Env>, file: &File) -> Result<Arc<Object>> {
