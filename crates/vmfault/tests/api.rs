@@ -348,3 +348,37 @@ fn fetch_needs_execute_permission_and_reads_as_a_load() {
         assert!(matches!(s.fetch(a, &mut z), Err(Error::Segv { code: SegvCode::MapErr, .. })));
     }
 }
+
+#[test]
+fn each_space_counts_its_own_faults() {
+    for path in FAULT_PATHS {
+        let vm = test_vm(8 << 20, 2, path);
+        let (a, b) = (vm.new_space().unwrap(), vm.new_space().unwrap());
+        let rw = Prot::READ | Prot::WRITE;
+        let pa = MapFlags::PRIVATE | MapFlags::ANONYMOUS;
+        let (x, y) = (a.mmap(0, 16 * 4096, rw, pa).unwrap(), b.mmap(0, 16 * 4096, rw, pa).unwrap());
+        let before = vm.stats().faults;
+        // Five pages in a from this thread, three in b from an attached
+        // vCPU, a refused access in b, and loads of mapped pages (no fault).
+        for p in 0..5 {
+            a.write(x + p * 4096, &[1]).unwrap();
+        }
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let _cpu = vm.attach().unwrap();
+                for p in 0..3 {
+                    b.write(y + p * 4096, &[1]).unwrap();
+                }
+                assert!(b.touch(u64::MAX - 4095, Access::Read).is_err());
+            });
+        });
+        a.read(x, &mut [0; 4096]).unwrap();
+        assert_eq!((a.faults(), b.faults()), (5, 4), "{path:?}");
+        assert_eq!(vm.stats().faults - before, 9, "{path:?}");
+        // A child starts at zero.
+        let child = a.fork().unwrap();
+        assert_eq!(child.faults(), 0);
+        child.write(x, &[2]).unwrap();
+        assert_eq!((child.faults(), a.faults()), (1, 5), "{path:?}");
+    }
+}

@@ -112,6 +112,7 @@ impl Space {
             if a >= TASK_SIZE {
                 // Beyond the user address space: no page table to walk.
                 ctx.count(Counter::faults);
+                self.count_fault(ctx);
                 ctx.count(Counter::segv);
                 return Err(Error::Segv { addr: a, code: SegvCode::MapErr });
             }

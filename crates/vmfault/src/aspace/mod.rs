@@ -385,9 +385,25 @@ impl AddressSpace {
     pub fn same_space(&self, other: &AddressSpace) -> bool {
         Arc::ptr_eq(&self.s, &other.s)
     }
+
+    /// Page faults taken in this space, by every vCPU (each access that
+    /// went to the fault path, as `Stats::faults` counts them for the
+    /// machine; Linux's minor and major faults of the process's threads).
+    /// Counted per vCPU slot, summed here.
+    pub fn faults(&self) -> u64 {
+        self.s.zones.cpus.iter().map(|c| c.faults.load(std::sync::atomic::Ordering::Relaxed)).sum()
+    }
 }
 
 impl Space {
+    /// Count a fault in this space on the caller's vCPU slot.
+    #[inline]
+    pub(crate) fn count_fault(&self, ctx: &Ctx<'_>) {
+        let c = &self.zones.cpus[ctx.index.min(self.zones.cpus.len() - 1)].faults;
+        // One writer per slot (its holder): no locked instruction.
+        c.store(c.load(std::sync::atomic::Ordering::Relaxed) + 1, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// This space's id: its address (unique while it lives), which names
     /// it in reverse-map records and pv entries.
     #[inline]

@@ -92,6 +92,9 @@ pub(crate) struct SpaceCpu {
     /// `[a]` this vCPU's last page-table walk in the space (its own: see
     /// `pmap::LeafHint`).
     pub(super) leaf_hint: crate::pmap::LeafHint,
+    /// `[a]` faults this vCPU slot took in the space (one writer, the
+    /// slot's holder: a load and a store, as the vCPU's own counters).
+    pub(super) faults: std::sync::atomic::AtomicU64,
 }
 
 /// Where the zones lie: `n` zones of `2^shift` bytes (one, of everything,

@@ -199,6 +199,7 @@ pub(crate) fn handle_looked(
     mut f: impl FnMut(Pfn),
 ) -> Result<()> {
     ctx.count(Counter::faults);
+    space.count_fault(ctx);
     let fault = Fault { addr, access, op };
     let path = ctx.env.config.fault_path;
     let resolved = match path {
