@@ -224,7 +224,7 @@ fn finish(
 /// One worker's slot in a forked round's shared memory.
 #[repr(C)]
 struct Slot {
-    /// 0 while it runs, 1 done, 2 failed.
+    /// 1 once it ended well (0: running, failed or died).
     state: AtomicU64,
     ops: AtomicU64,
     cpu_ns: AtomicU64,
@@ -281,28 +281,30 @@ fn forked_round<T: Target>(
         // SAFETY: the child runs only the worker below and ends in _exit.
         let pid = unsafe { libc::fork() };
         if pid == 0 {
-            pin(i);
-            let scratch = loops::prepare(w, sizes, i);
-            board.ready.fetch_add(1, Ordering::AcqRel);
-            while !board.go.load(Ordering::Acquire) {
-                std::hint::spin_loop();
-            }
-            let cpu = thread_cpu_seconds();
-            let flt = thread_minor_faults();
-            let r = scratch.and_then(|mut scratch| loops::run(w, target, sizes, &mut scratch, &board.stop));
-            slot.cpu_ns.store(((thread_cpu_seconds() - cpu) * 1e9) as u64, Ordering::Relaxed);
-            slot.minflt.store(thread_minor_faults() - flt, Ordering::Relaxed);
-            let state = match r {
-                Ok(done) => {
-                    slot.ops.store(done.ops, Ordering::Relaxed);
-                    1
+            // The child never returns into the parent's code: a panic ends
+            // it (a failed worker) instead of unwinding into a copy of the
+            // parent's stack.
+            let worker = std::panic::AssertUnwindSafe(|| {
+                pin(i);
+                let scratch = loops::prepare(w, sizes, i);
+                board.ready.fetch_add(1, Ordering::AcqRel);
+                while !board.go.load(Ordering::Acquire) {
+                    std::thread::yield_now();
                 }
-                Err(_) => 2,
-            };
-            slot.state.store(state, Ordering::Release);
+                let cpu = thread_cpu_seconds();
+                let flt = thread_minor_faults();
+                let r = scratch.and_then(|mut scratch| loops::run(w, target, sizes, &mut scratch, &board.stop));
+                slot.cpu_ns.store(((thread_cpu_seconds() - cpu) * 1e9) as u64, Ordering::Relaxed);
+                slot.minflt.store(thread_minor_faults() - flt, Ordering::Relaxed);
+                if let Ok(done) = r {
+                    slot.ops.store(done.ops, Ordering::Relaxed);
+                    slot.state.store(1, Ordering::Release);
+                }
+            });
+            let code = i32::from(std::panic::catch_unwind(worker).is_err());
             // SAFETY: ends the child without running the parent's exit
             // handlers or destructors.
-            unsafe { libc::_exit(0) };
+            unsafe { libc::_exit(code) };
         }
         if pid < 0 {
             break;

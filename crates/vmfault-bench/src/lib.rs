@@ -254,12 +254,12 @@ pub fn run(plan: &Plan, observe: &mut dyn FnMut(Event)) -> Results {
         footprints.clear();
     }
     let zf = footprints.len() * plan.threads.len() * per_point;
+    // A mode's systems skip the workloads that cannot run in it.
+    let skips = |systems: &[System], w: Workload| {
+        systems.first().is_some_and(|s| s.mode == Mode::Processes) && !w.has_processes_mode()
+    };
     let runs = |systems: &[System], w: Workload| {
-        if systems.first().is_some_and(|s| s.mode == Mode::Processes) && !w.has_processes_mode() {
-            0
-        } else {
-            systems.len() - usize::from(plan.host && !w.host_twin())
-        }
+        if skips(systems, w) { 0 } else { systems.len() - usize::from(plan.host && !w.host_twin()) }
     };
     let point_systems: usize =
         by_mode.iter().map(|systems| runnable.iter().map(|&w| runs(systems, w)).sum::<usize>()).sum();
@@ -277,7 +277,7 @@ pub fn run(plan: &Plan, observe: &mut dyn FnMut(Event)) -> Results {
     }
     for systems in &by_mode {
         for &w in &runnable {
-            if systems.first().is_some_and(|s| s.mode == Mode::Processes) && !w.has_processes_mode() {
+            if skips(systems, w) {
                 observe(Event::Note(format!("{}: threads mode only (skipped in processes mode)", w.name())));
                 continue;
             }

@@ -30,13 +30,7 @@ impl AddressSpace {
     /// On SIGSEGV (`Error::Segv` with the first faulting address),
     /// `buf[..fault_addr - addr]` holds the bytes read before it.
     pub fn read(&self, addr: u64, buf: &mut [u8]) -> Result<()> {
-        let s = &self.s;
-        s.vm.with_ctx(|ctx| {
-            let phys = &ctx.env.phys;
-            s.access(ctx, Op::Read, addr, buf.len(), Access::Read, |pfn, off, at, n| {
-                phys.read_bytes(pfn, off, &mut buf[at..at + n])
-            })
-        })
+        self.load(Op::Read, Access::Read, addr, buf)
     }
 
     /// Store `data` at `addr`, faulting pages in as needed.
@@ -74,10 +68,16 @@ impl AddressSpace {
     /// # Ok::<(), vmfault::Error>(())
     /// ```
     pub fn fetch(&self, addr: u64, buf: &mut [u8]) -> Result<()> {
+        self.load(Op::Fetch, Access::Exec, addr, buf)
+    }
+
+    /// Bytes from `addr` into `buf`, each page needing `access` (a data
+    /// load or an instruction fetch).
+    fn load(&self, op: Op, access: Access, addr: u64, buf: &mut [u8]) -> Result<()> {
         let s = &self.s;
         s.vm.with_ctx(|ctx| {
             let phys = &ctx.env.phys;
-            s.access(ctx, Op::Fetch, addr, buf.len(), Access::Exec, |pfn, off, at, n| {
+            s.access(ctx, op, addr, buf.len(), access, |pfn, off, at, n| {
                 phys.read_bytes(pfn, off, &mut buf[at..at + n])
             })
         })

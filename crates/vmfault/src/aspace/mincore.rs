@@ -14,7 +14,6 @@ use super::{AddressSpace, Space};
 use crate::error::{Error, Op, Result};
 use crate::machine::Ctx;
 use crate::object::Found;
-use crate::pmap::Pte;
 use crate::types::{PAGE_SIZE, TASK_SIZE, is_page_aligned};
 
 impl AddressSpace {
@@ -60,13 +59,10 @@ impl Space {
             let Some(v) = map.find_from(a).filter(|v| v.start <= a) else {
                 return Err(Error::NotMapped { op, addr: a, end });
             };
-            let section = ctx.rcu_read();
             while a < end.min(v.end) {
-                let pte = self
-                    .pmap
-                    .pte(phys, a)
-                    .map_or(Pte::NONE, |l| Pte(l.entry.load(std::sync::atomic::Ordering::Acquire)));
-                let resident = pte.is_present()
+                // A section per page: a long range never holds grace periods up.
+                let section = ctx.rcu_read();
+                let resident = self.pmap.pte_now(phys, a).is_present()
                     || v.object
                         .get()
                         .is_some_and(|o| matches!(o.find(v.pindex(a), &section), Found::Own(_) | Found::Below(_)));

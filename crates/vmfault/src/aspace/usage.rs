@@ -7,13 +7,10 @@
 //! of the mappings, as reading `smaps` does in Linux. A figure is a
 //! snapshot; faults and the page daemon go on meanwhile.
 
-use std::sync::atomic::Ordering;
-
 use super::vma::{Lookup, Vma};
 use super::{AddressSpace, Space};
 use crate::machine::Ctx;
 use crate::object::Found;
-use crate::pmap::Pte;
 use crate::types::{MappingInfo, PAGE_SIZE};
 
 /// A file mapping's file and where in it the mapping starts.
@@ -114,7 +111,7 @@ impl Space {
         let mut a = v.start;
         while a < v.end {
             let section = ctx.rcu_read();
-            let pte = self.pmap.pte(phys, a).map_or(Pte::NONE, |l| Pte(l.entry.load(Ordering::Acquire)));
+            let pte = self.pmap.pte_now(phys, a);
             let pindex = v.pindex(a);
             if pte.is_present() && pte.pfn() != zero {
                 u.rss += PAGE_SIZE;

@@ -245,6 +245,13 @@ impl Pmap {
         self.radix.leaf(phys, vpn(addr))
     }
 
+    /// The PTE of `addr` now (`Pte::NONE` where no table level exists), for
+    /// inspection (`mincore`, `usage`); same caller rule as `translate`.
+    #[inline]
+    pub(crate) fn pte_now(&self, phys: &PhysMem, addr: u64) -> Pte {
+        self.pte(phys, addr).map_or(Pte::NONE, |l| Pte(l.entry.load(Ordering::Acquire)))
+    }
+
     /// The PTE slot for `addr` as [`Pmap::pte`] finds it, taken from
     /// `missed` (a lookup of `addr` earlier in the caller's section) when
     /// no prune has happened since. Call after reading the VMA snapshot.
