@@ -166,7 +166,11 @@ fn tail_written_back(op: &TOp, got: &Outcome, want: &Outcome, files: &FilePages)
 ///   (when the mapping has an anon_vma) and keeps under `PROT_NONE`, while
 ///   a child here starts with an empty page table and `PROT_NONE` clears
 ///   PTEs (a page with a frame is found through the objects either way, so
-///   only a page that reads as zeros can differ like this).
+///   only a page that reads as zeros can differ like this);
+/// - a shared anonymous page resident here only, where an earlier
+///   `MADV_PAGEOUT` reached: Linux's reclaim drops a shmem page that was
+///   never written (it reads as zeros again), even with no swap, where
+///   vmfault keeps it until it has swap to write it to.
 fn residency_unknowable(
     op: &TOp,
     (got, want): (&Outcome, &Outcome),
@@ -174,14 +178,25 @@ fn residency_unknowable(
     swap: bool,
     forked: bool,
     maps: &[ops::MapEntry],
+    before: &[TOp],
 ) -> bool {
     let (TOp::Mincore { off, .. }, Outcome::Data(a), Outcome::Data(b)) = (op, got, want) else { return false };
-    let zero_pte_dropped =
-        |at: u64| maps.iter().find(|m| m.0 <= at && at < m.1).is_some_and(|m| m.2 & 8 == 0 && (forked || m.2 == 0));
+    let mapping = |at: u64| maps.iter().find(|m| m.0 <= at && at < m.1).map(|m| m.2);
+    let zero_pte_dropped = |at: u64| mapping(at).is_some_and(|perms| perms & 8 == 0 && (forked || perms == 0));
+    let clean_shmem_dropped = |at: u64| {
+        mapping(at).is_some_and(|perms| perms & 8 != 0)
+            && before.iter().any(|o| {
+                matches!(*o, TOp::Madvise { off, len, advice: libc::MADV_PAGEOUT } if off <= at && at < (off + len).next_multiple_of(ops::P))
+            })
+    };
     a.len() == b.len()
         && a.iter().zip(b).enumerate().all(|(k, (&x, &y))| {
             let at = off + k as u64 * ops::P;
-            x == y || swap || files.fpage(at).is_some() || (x == 0 && y == 1 && zero_pte_dropped(at))
+            x == y
+                || swap
+                || files.fpage(at).is_some()
+                || (x == 0 && y == 1 && zero_pte_dropped(at))
+                || (x == 1 && y == 0 && clean_shmem_dropped(at))
         })
 }
 
@@ -325,7 +340,7 @@ fn check_path(
             break;
         }
         let tail = (swap && got != host[i] && tail_written_back(op, &got, &host[i], &files))
-            || residency_unknowable(op, (&got, &host[i]), &files, swap, cur != 0, &host_maps[i]);
+            || residency_unknowable(op, (&got, &host[i]), &files, swap, cur != 0, &host_maps[i], &ops[..i]);
         files.apply(op, &host[i]);
         if got != host[i] && !tail {
             let diff = got
