@@ -162,11 +162,12 @@ fn tail_written_back(op: &TOp, got: &Outcome, want: &Outcome, files: &FilePages)
 ///   wrote, and its readahead and fault-around more);
 /// - on the small machine with swap, any page (pageouts here, none there);
 /// - a private page resident on the host only, in a process made by `fork`
-///   or under `PROT_NONE`: the zero page's PTE, which Linux copies at fork
-///   (when the mapping has an anon_vma) and keeps under `PROT_NONE`, while
-///   a child here starts with an empty page table and `PROT_NONE` clears
-///   PTEs (a page with a frame is found through the objects either way, so
-///   only a page that reads as zeros can differ like this);
+///   or under `PROT_NONE` now or before: the zero page's PTE, which Linux
+///   copies at fork (when the mapping has an anon_vma) and keeps under
+///   `PROT_NONE` (and after it, once access is given back), while a child
+///   here starts with an empty page table and `PROT_NONE` clears PTEs (a
+///   page with a frame is found through the objects either way, so only a
+///   page that reads as zeros can differ like this);
 /// - a shared anonymous page resident here only, where an earlier
 ///   `MADV_PAGEOUT` reached: Linux's reclaim drops a shmem page that was
 ///   never written (it reads as zeros again), even with no swap, where
@@ -182,12 +183,18 @@ fn residency_unknowable(
 ) -> bool {
     let (TOp::Mincore { off, .. }, Outcome::Data(a), Outcome::Data(b)) = (op, got, want) else { return false };
     let mapping = |at: u64| maps.iter().find(|m| m.0 <= at && at < m.1).map(|m| m.2);
-    let zero_pte_dropped = |at: u64| mapping(at).is_some_and(|perms| perms & 8 == 0 && (forked || perms == 0));
+    let covered = |o: &TOp, at: u64| match *o {
+        TOp::Madvise { off, len, advice: libc::MADV_PAGEOUT } | TOp::Mprotect { off, len, prot: 0 } => {
+            off <= at && at < (off + len).next_multiple_of(ops::P)
+        }
+        _ => false,
+    };
+    let was_prot_none = |at: u64| before.iter().any(|o| matches!(o, TOp::Mprotect { .. }) && covered(o, at));
+    let zero_pte_dropped =
+        |at: u64| mapping(at).is_some_and(|perms| perms & 8 == 0 && (forked || perms == 0 || was_prot_none(at)));
     let clean_shmem_dropped = |at: u64| {
         mapping(at).is_some_and(|perms| perms & 8 != 0)
-            && before.iter().any(|o| {
-                matches!(*o, TOp::Madvise { off, len, advice: libc::MADV_PAGEOUT } if off <= at && at < (off + len).next_multiple_of(ops::P))
-            })
+            && before.iter().any(|o| matches!(o, TOp::Madvise { .. }) && covered(o, at))
     };
     a.len() == b.len()
         && a.iter().zip(b).enumerate().all(|(k, (&x, &y))| {
