@@ -132,15 +132,17 @@ pub fn check_configs(ops: &[TOp], configs: &[Config]) -> Result<(), String> {
 }
 
 /// Whether `got` differs from `want` only in bytes past the end of the
-/// file in the page that straddles it, which `got` reads as zeros: the
+/// file in the page that straddles it (which read as zeros here once the
 /// page daemon of the small machine wrote that page back, which zeroes
-/// its tail as Linux's `writepage` does, and read it again, where the
+/// its tail as Linux's `writepage` does, and read it again), where the
 /// host kept it cached with the stores it took past the end (POSIX leaves
-/// them unspecified: they never reach the file). Only reads are judged
-/// (their bytes start at the op's offset); `files` says which window
-/// pages map which file page.
+/// them unspecified: they never reach the file). From then on the two
+/// tails may differ either way (an atomic add there adds to zeros here,
+/// to the stores there). Reads and atomic adds are judged (their bytes
+/// start at the op's offset); `files` says which window pages map which
+/// file page.
 fn tail_written_back(op: &TOp, got: &Outcome, want: &Outcome, files: &FilePages) -> bool {
-    let TOp::Read { off, .. } = *op else { return false };
+    let (TOp::Read { off, .. } | TOp::FetchAdd { off, .. }) = *op else { return false };
     let same_end = match (got, want) {
         (Outcome::Data(_), Outcome::Data(_)) => true,
         (Outcome::Bus { off: x, .. }, Outcome::Bus { off: y, .. }) => x == y,
@@ -150,9 +152,9 @@ fn tail_written_back(op: &TOp, got: &Outcome, want: &Outcome, files: &FilePages)
     let (Some(a), Some(b)) = (got.data(), want.data()) else { return false };
     same_end
         && a.len() == b.len()
-        && a.iter().zip(b).enumerate().filter(|(_, (x, y))| x != y).all(|(k, (&x, _))| {
+        && a.iter().zip(b).enumerate().filter(|(_, (x, y))| x != y).all(|(k, _)| {
             let at = off + k as u64;
-            x == 0 && files.fpage(at) == Some(ops::FILE_PAGES) && at % ops::P >= ops::FILE_TAIL
+            files.fpage(at) == Some(ops::FILE_PAGES) && at % ops::P >= ops::FILE_TAIL
         })
 }
 
