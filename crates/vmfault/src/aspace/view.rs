@@ -310,7 +310,7 @@ impl Space {
                 let _section = ctx.rcu_read();
                 let Some(leaf) = self.pmap.pte(phys, page) else { continue };
                 let (_ptl, _) = Pmap::lock(phys, &leaf);
-                let words = phys.words(leaf.node);
+                let words = phys.words(leaf.node());
                 let pte_at = |a: u64| Pte(words[slot(a)].load(std::sync::atomic::Ordering::Relaxed));
                 if !pte_at(page).allows(access) {
                     // Taken away between the fault and the lock: again.

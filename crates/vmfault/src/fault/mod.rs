@@ -96,6 +96,11 @@ impl Fault {
 
 /// Why a lockless fault gave up and handed over to the classic path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+// A whole word: a `Result` of a fault-path struct with this as its error
+// keeps the error in a word of its own instead of in a byte inside the
+// struct's fields, where moves of the struct split at that byte and
+// stalled on store forwarding.
+#[repr(u64)]
 pub(crate) enum Abort {
     /// No VMA at the address in the snapshot (the classic path decides).
     NoVma,

@@ -195,6 +195,11 @@ pub(super) fn discard(frames: &Frames<'_>, fresh: Option<Fresh<'_>>) {
 
 /// What a fault could not get for its new page.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+// A whole word: a `Result` of a fault-path struct with this as its error
+// keeps the error in a word of its own instead of in a byte inside the
+// struct's fields, where moves of the struct split at that byte and
+// stalled on store forwarding.
+#[repr(u64)]
 pub(super) enum Lack {
     /// A node of the object's page index.
     Index,

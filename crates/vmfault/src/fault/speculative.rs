@@ -61,7 +61,7 @@ pub(super) fn fault(
     // it, retires the VMAs first, so the re-check below catches a walk it
     // raced with.
     let Prepared { pindex, found, fresh } = lockless::page(ctx, &frames, vma, object, &section, &fault)?;
-    let ptl = &phys.page(leaf.node).ptl;
+    let ptl = &phys.page(leaf.node()).ptl;
     let mut spins = 0;
     let guard = loop {
         if let Some(g) = spin::try_lock_as(ptl, crate::sync::rank::Rank::Pte) {

@@ -293,7 +293,7 @@ impl Object {
         let block = pindex >> LEAF_SHIFT;
         if hint.object.get() == self.id && hint.block.get() == block {
             let leaf = self.index.leaf_in(frames.phys(), Pfn::decode(hint.node.get()), pindex);
-            return Ok(Slot { leaf, object: self.id, pindex });
+            return Ok(Slot::new(leaf, self.id, pindex));
         }
         self.reserve_walk(frames, pindex, hint)
     }
@@ -305,16 +305,17 @@ impl Object {
         let (leaf, _) = self.index.leaf_alloc(frames, pindex)?;
         hint.object.set(self.id);
         hint.block.set(pindex >> LEAF_SHIFT);
-        hint.node.set(leaf.node.raw());
-        Ok(Slot { leaf, object: self.id, pindex })
+        hint.node.set(leaf.node().raw());
+        Ok(Slot::new(leaf, self.id, pindex))
     }
 
     /// The page in `slot` (reserved in this object): its entry, read as
     /// `find` reads the object's own level (Acquire).
     #[inline]
     pub(crate) fn entry_in(&self, slot: &Slot<'_>) -> Entry {
-        debug_assert_eq!(slot.object, self.id, "a slot of another object");
-        Entry::load(slot.leaf.entry, Ordering::Acquire)
+        #[cfg(debug_assertions)]
+        assert_eq!(slot.object, self.id, "a slot of another object");
+        Entry::load(slot.entry, Ordering::Acquire)
     }
 
     /// Insert a filled page at the index of `slot` (reserved in this
@@ -330,12 +331,13 @@ impl Object {
     /// the page is freed and `Insert::Changed` says so.
     #[inline]
     fn insert_over(&self, frames: &Frames<'_>, slot: Slot<'_>, page: OwnedFrame, over: Option<Entry>) -> Insert {
+        #[cfg(debug_assertions)]
         assert_eq!(slot.object, self.id, "a slot of object {} used for object {}", slot.object, self.id);
-        let (phys, leaf, pindex) = (frames.phys(), slot.leaf, slot.pindex);
+        let (phys, slot_entry, pindex) = (frames.phys(), slot.entry, slot.pindex);
         let queued = phys.queues.is_some();
         let entry = Entry::page(page.pfn());
         // A hole is replaced like an empty slot.
-        let mut cur = over.unwrap_or_else(|| Entry::load(leaf.entry, Ordering::Acquire));
+        let mut cur = over.unwrap_or_else(|| Entry::load(slot_entry, Ordering::Acquire));
         let mut page = page;
         loop {
             if let Some(theirs) = cur.pfn() {
@@ -359,7 +361,7 @@ impl Object {
             // Release: the page's contents (zeroed or copied while it was
             // an OwnedFrame) and its descriptor are visible to whoever
             // finds it through the index.
-            match phys.publish_into(page, Kind::Data, leaf.entry, cur.bits(), entry.bits()) {
+            match phys.publish_into(page, Kind::Data, slot_entry, cur.bits(), entry.bits()) {
                 Ok(pfn) => {
                     if queued {
                         frames.enqueue(pfn);
@@ -437,14 +439,33 @@ pub(crate) struct IndexHint {
 ///
 /// Valid for as long as its object lives: index nodes are freed only by
 /// the object's teardown (`Drop`), never while anyone holds the object.
+///
+/// Two words, so that the fault path moves it (and `Option`s of it) in
+/// registers: a bigger one went through the stack, where a copy loaded
+/// sixteen bytes over two eight-byte stores and stalled on store
+/// forwarding. The object it belongs to is kept, and checked by
+/// `insert`, in debug builds (every caller inserts through the object it
+/// reserved from: `o.reserve` .. `o.insert`).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Slot<'p> {
     /// The index entry.
-    leaf: crate::pmap::Leaf<'p>,
-    /// The object it belongs to (checked by `insert`).
-    object: u64,
+    entry: &'p std::sync::atomic::AtomicU64,
     /// Its page index.
     pindex: u64,
+    /// The object it belongs to (debug builds).
+    #[cfg(debug_assertions)]
+    object: u64,
+}
+
+impl<'p> Slot<'p> {
+    fn new(leaf: crate::pmap::Leaf<'p>, _object: u64, pindex: u64) -> Slot<'p> {
+        Slot {
+            entry: leaf.entry,
+            pindex,
+            #[cfg(debug_assertions)]
+            object: _object,
+        }
+    }
 }
 
 /// The outcome of [`Object::insert`].

@@ -126,8 +126,24 @@ pub(crate) struct Radix {
 pub(crate) struct Leaf<'a> {
     /// The entry.
     pub(crate) entry: &'a AtomicU64,
-    /// The level-0 node holding it (its descriptor's `ptl` is the PTE lock).
-    pub(crate) node: Pfn,
+    /// The level-0 node holding it, as a whole word (no padding: see
+    /// `OwnedFrame`'s frame number).
+    node: u64,
+}
+
+impl<'a> Leaf<'a> {
+    /// Entry `entry` of node `node`.
+    #[inline]
+    pub(crate) fn new(entry: &'a AtomicU64, node: Pfn) -> Leaf<'a> {
+        Leaf { entry, node: u64::from(node.raw()) }
+    }
+
+    /// The level-0 node holding the entry (its descriptor's `ptl` is the
+    /// PTE lock).
+    #[inline]
+    pub(crate) fn node(&self) -> Pfn {
+        Pfn::decode(self.node as u32)
+    }
 }
 
 impl Radix {
@@ -187,7 +203,7 @@ impl Radix {
             }
             node = child_of(e);
         }
-        Some(Leaf { entry: &phys.words(node)[slot_at(index, 0)], node })
+        Some(Leaf::new(&phys.words(node)[slot_at(index, 0)], node))
     }
 
     /// The leaf entry for `index`, adding missing nodes (levels on top
@@ -246,7 +262,7 @@ impl Radix {
             // nothing).
             widen_span(&phys.page(node).children, at);
         }
-        Leaf { entry: &phys.words(node)[at], node }
+        Leaf::new(&phys.words(node)[at], node)
     }
 
     /// Make the root cover `index` (an object index: tables have their
@@ -316,7 +332,7 @@ impl Radix {
             for i in lo..hi {
                 let entry = &words[i as usize];
                 if entry.load(Ordering::Acquire) != 0 {
-                    f(base + i, Leaf { entry, node });
+                    f(base + i, Leaf::new(entry, node));
                 }
             }
         });
@@ -632,7 +648,7 @@ mod tests {
         leaf.entry.store(77, Ordering::Relaxed);
         let again = r.leaf(&phys, 12345).unwrap();
         assert_eq!(again.entry.load(Ordering::Relaxed), 77);
-        assert_eq!(again.node, leaf.node);
+        assert_eq!(again.node(), leaf.node());
         let (_, added) = r.leaf_alloc(&frames, 12346).unwrap();
         assert_eq!(added, 0);
         let far = TABLE_LIMIT - 1;
@@ -693,7 +709,7 @@ mod tests {
         for (k, v) in [(512 + 10, 1), (512 + 3, 2), (512 + 200, 3), (512 + 7, 4)] {
             r.leaf_alloc(&frames, k).unwrap().0.entry.store(v, Ordering::Relaxed);
         }
-        let node = r.leaf(&phys, 512).unwrap().node;
+        let node = r.leaf(&phys, 512).unwrap().node();
         assert_eq!(
             span_of(phys.page(node).children.load(Ordering::Relaxed)),
             (0, 256),
@@ -706,7 +722,7 @@ mod tests {
         assert_eq!(span_of(0), (WORDS, 0), "a fresh node's span is empty");
         // A leaf whose one slot is high: its span starts at that block.
         r.leaf_alloc(&frames, 1024 + 450).unwrap().0.entry.store(5, Ordering::Relaxed);
-        let high = r.leaf(&phys, 1024).unwrap().node;
+        let high = r.leaf(&phys, 1024).unwrap().node();
         assert_eq!(span_of(phys.page(high).children.load(Ordering::Relaxed)), (448, 512));
         r.leaf(&phys, 1024 + 3).unwrap().entry.store(6, Ordering::Relaxed);
         let (mut out, mut leaves) = (Vec::new(), Vec::new());

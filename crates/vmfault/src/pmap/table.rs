@@ -219,11 +219,11 @@ impl Pmap {
         let prunes = self.prunes.stamp();
         let (v, block) = (vpn(addr), vpn(addr) >> 9);
         let leaf = match hint.get(block, prunes) {
-            Some(node) => Some(Leaf { entry: &phys.words(node)[(v % WORDS as u64) as usize], node }),
+            Some(node) => Some(Leaf::new(&phys.words(node)[(v % WORDS as u64) as usize], node)),
             None => {
                 let leaf = self.radix.leaf(phys, v);
                 if let Some(l) = &leaf {
-                    hint.set(block, l.node, prunes);
+                    hint.set(block, l.node(), prunes);
                 }
                 leaf
             }
@@ -276,7 +276,7 @@ impl Pmap {
     /// whether the lock was contended.
     #[inline]
     pub(crate) fn lock<'p>(phys: &'p PhysMem, leaf: &Leaf<'_>) -> (WordGuard<'p>, bool) {
-        spin::lock_as(&phys.page(leaf.node).ptl, Rank::Pte)
+        spin::lock_as(&phys.page(leaf.node()).ptl, Rank::Pte)
     }
 
     /// Apply `f` to every present PTE in `start..end` (addresses), each
@@ -398,7 +398,7 @@ mod tests {
         {
             let (_g, contended) = Pmap::lock(&phys, &leaf);
             assert!(!contended);
-            assert!(spin::try_lock(&phys.page(leaf.node).ptl).is_none());
+            assert!(spin::try_lock(&phys.page(leaf.node()).ptl).is_none());
             leaf.entry.store(Pte::new(frame, true, false, true).0, Ordering::Release);
         }
         assert_eq!(pmap.translate(&phys, addr + 5, Access::Write), Some(frame));
