@@ -532,7 +532,11 @@ impl PhysMem {
         if page.zeroed.load(Ordering::Relaxed) != 0 {
             page.zeroed.store(0, Ordering::Relaxed);
             // Diagnostic: see `mark_zeroed`.
-            debug_assert!(self.words(f.pfn()).iter().all(|w| w.load(Ordering::Relaxed) == 0), "{:?} was not zero", f.pfn());
+            debug_assert!(
+                self.words(f.pfn()).iter().all(|w| w.load(Ordering::Relaxed) == 0),
+                "{:?} was not zero",
+                f.pfn()
+            );
             return false;
         }
         let p = self.arena.frame_ptr(f.pfn().0);
