@@ -84,7 +84,9 @@
 //! Each concurrency protocol is written up where it is implemented (the
 //! module essay: how and why), and has a loom model in `tests/loom_*.rs`
 //! that passes, and that fails when the fence or check it depends on is
-//! removed (a `vmfault_mutation` cfg; `.ci/run` runs every pair). The
+//! removed (`mutated!`: a `vmfault_mutation` cfg, or in loom builds
+//! `VMFAULT_LOOM_MUTATION` at run time; each model names the mutations it
+//! must fail under with `sync::fails_under`, and `.ci/run` runs every pair). The
 //! numbers are the ones other docs use.
 //!
 //! | # | protocol | essay | model |
@@ -222,6 +224,19 @@ pub mod config;
 pub mod error;
 mod fault;
 mod machine;
+/// Whether mutation `$name` (a fence or check removed, for the loom model
+/// that guards it to fail: `.ci/run`) is on: `--cfg vmfault_mutation` in
+/// every build (`build.rs` sets it from `VMFAULT_MUTATION`), and in loom
+/// builds also `VMFAULT_LOOM_MUTATION` read at run time, so that one loom
+/// build runs every mutation (a build per mutation took most of CI's
+/// loom step). Production builds compile to the constant.
+macro_rules! mutated {
+    ($name:tt) => {
+        cfg!(vmfault_mutation = $name) || $crate::sync::loom_mutation($name)
+    };
+}
+pub(crate) use mutated;
+
 mod object;
 mod phys;
 mod pmap;

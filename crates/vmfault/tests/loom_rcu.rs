@@ -82,22 +82,24 @@ fn model_with(reader: fn(&World, &RcuReader), grace: fn(&Rcu)) {
 }
 
 #[test]
-#[cfg_attr(any(vmfault_mutation = "rcu_no_grace", vmfault_mutation = "rcu_no_reader_fence"), should_panic)]
 fn unmapped_frame_is_not_reused_under_a_reader() {
-    model(|w, r| {
-        let _section = w.rcu.read_lock(r);
-        w.use_frame_if_mapped();
+    vmfault::sync::fails_under(&["rcu_no_grace", "rcu_no_reader_fence"], None, || {
+        model(|w, r| {
+            let _section = w.rcu.read_lock(r);
+            w.use_frame_if_mapped();
+        });
     });
 }
 
 #[test]
-#[cfg_attr(any(vmfault_mutation = "rcu_no_grace", vmfault_mutation = "rcu_no_reader_fence"), should_panic)]
 fn nested_sections_hold_the_grace_period_until_the_outer_one_ends() {
-    model(|w, r| {
-        let outer = w.rcu.read_lock(r);
-        drop(w.rcu.read_lock(r));
-        w.use_frame_if_mapped();
-        drop(outer);
+    vmfault::sync::fails_under(&["rcu_no_grace", "rcu_no_reader_fence"], None, || {
+        model(|w, r| {
+            let outer = w.rcu.read_lock(r);
+            drop(w.rcu.read_lock(r));
+            w.use_frame_if_mapped();
+            drop(outer);
+        });
     });
 }
 
@@ -106,39 +108,34 @@ fn nested_sections_hold_the_grace_period_until_the_outer_one_ends() {
 /// does; it fails when a poll counts a section it saw as ended without its
 /// counter having moved (`rcu_poll_unseen`).
 #[test]
-#[cfg_attr(any(vmfault_mutation = "rcu_poll_unseen", vmfault_mutation = "rcu_no_reader_fence"), should_panic)]
 fn a_polled_grace_period_orders_the_reuse_after_the_section() {
-    model_with(
-        |w, r| {
-            let _section = w.rcu.read_lock(r);
-            w.use_frame_if_mapped();
-        },
-        poll,
-    );
+    vmfault::sync::fails_under(&["rcu_poll_unseen", "rcu_no_reader_fence"], None, || {
+        model_with(
+            |w, r| {
+                let _section = w.rcu.read_lock(r);
+                w.use_frame_if_mapped();
+            },
+            poll,
+        );
+    });
 }
 
 /// A poll that saw the reader's first section and then meets its second
 /// one is still ordered after the first (the entry store is Release).
 #[test]
-#[cfg_attr(
-    any(
-        vmfault_mutation = "rcu_poll_unseen",
-        vmfault_mutation = "rcu_no_reader_fence",
-        vmfault_mutation = "rcu_relaxed_entry"
-    ),
-    should_panic
-)]
 fn a_poll_that_meets_the_next_section_is_still_ordered_after_this_one() {
-    model_with(
-        |w, r| {
-            {
-                let _first = w.rcu.read_lock(r);
-                w.use_frame_if_mapped();
-            }
-            let _second = w.rcu.read_lock(r);
-        },
-        poll,
-    );
+    vmfault::sync::fails_under(&["rcu_poll_unseen", "rcu_no_reader_fence", "rcu_relaxed_entry"], None, || {
+        model_with(
+            |w, r| {
+                {
+                    let _first = w.rcu.read_lock(r);
+                    w.use_frame_if_mapped();
+                }
+                let _second = w.rcu.read_lock(r);
+            },
+            poll,
+        );
+    });
 }
 
 /// The reader runs two sections back to back; the writer may observe the
@@ -146,20 +143,14 @@ fn a_poll_that_meets_the_next_section_is_still_ordered_after_this_one() {
 /// waiting on the second section's odd value. It must still be ordered
 /// after the first section's access (the entry store is Release).
 #[test]
-#[cfg_attr(
-    any(
-        vmfault_mutation = "rcu_no_grace",
-        vmfault_mutation = "rcu_no_reader_fence",
-        vmfault_mutation = "rcu_relaxed_entry"
-    ),
-    should_panic
-)]
 fn a_writer_that_meets_the_next_section_is_still_ordered_after_this_one() {
-    model(|w, r| {
-        {
-            let _first = w.rcu.read_lock(r);
-            w.use_frame_if_mapped();
-        }
-        let _second = w.rcu.read_lock(r);
+    vmfault::sync::fails_under(&["rcu_no_grace", "rcu_no_reader_fence", "rcu_relaxed_entry"], None, || {
+        model(|w, r| {
+            {
+                let _first = w.rcu.read_lock(r);
+                w.use_frame_if_mapped();
+            }
+            let _second = w.rcu.read_lock(r);
+        });
     });
 }

@@ -57,73 +57,71 @@ impl Paged {
 }
 
 #[test]
-#[cfg_attr(
-    any(vmfault_mutation = "refcount_no_blocked_check", vmfault_mutation = "refcount_hold_ignores_blocked"),
-    should_panic
-)]
 fn pageout_loses_no_store_and_frees_the_frame_exactly_once() {
-    loom::model(|| {
-        let page = Arc::new(Paged {
-            refs: RefCount::new(),
-            pte: AtomicU64::new(1),
-            ptl: AtomicU32::new(0),
-            entry: AtomicU64::new(1),
-            data: AtomicU64::new(0),
-            copied: AtomicU64::new(u64::MAX),
-            freed: AtomicBool::new(false),
-        });
-        page.refs.set_objref();
+    vmfault::sync::fails_under(&["refcount_no_blocked_check", "refcount_hold_ignores_blocked"], None, || {
+        loom::model(|| {
+            let page = Arc::new(Paged {
+                refs: RefCount::new(),
+                pte: AtomicU64::new(1),
+                ptl: AtomicU32::new(0),
+                entry: AtomicU64::new(1),
+                data: AtomicU64::new(0),
+                copied: AtomicU64::new(u64::MAX),
+                freed: AtomicBool::new(false),
+            });
+            page.refs.set_objref();
 
-        // Through the mapping: under the PTE lock, wire the page it maps.
-        let mapped = {
-            let page = page.clone();
-            thread::spawn(move || {
-                let held = {
+            // Through the mapping: under the PTE lock, wire the page it maps.
+            let mapped = {
+                let page = page.clone();
+                thread::spawn(move || {
+                    let held = {
+                        let _ptl = spin::lock(&page.ptl).0;
+                        page.pte.load(Ordering::Relaxed) == 1 && page.refs.wire_mapped()
+                    };
+                    if held {
+                        page.store();
+                        page.unwire();
+                    }
+                })
+            };
+            // Through the object's index (inside an RCU section in the real
+            // code, which keeps the frame from reuse: here, nothing frees a
+            // frame that was not freed before the look).
+            let indexed = {
+                let page = page.clone();
+                thread::spawn(move || {
+                    if page.entry.load(Ordering::Acquire) == 1 && page.refs.try_hold() {
+                        page.store();
+                        page.unwire();
+                    }
+                })
+            };
+
+            // The daemon.
+            if page.refs.try_isolate() {
+                {
                     let _ptl = spin::lock(&page.ptl).0;
-                    page.pte.load(Ordering::Relaxed) == 1 && page.refs.wire_mapped()
-                };
-                if held {
-                    page.store();
-                    page.unwire();
+                    page.pte.store(0, Ordering::Relaxed);
                 }
-            })
-        };
-        // Through the object's index (inside an RCU section in the real
-        // code, which keeps the frame from reuse: here, nothing frees a
-        // frame that was not freed before the look).
-        let indexed = {
-            let page = page.clone();
-            thread::spawn(move || {
-                if page.entry.load(Ordering::Acquire) == 1 && page.refs.try_hold() {
-                    page.store();
-                    page.unwire();
-                }
-            })
-        };
-
-        // The daemon.
-        if page.refs.try_isolate() {
-            {
-                let _ptl = spin::lock(&page.ptl).0;
-                page.pte.store(0, Ordering::Relaxed);
+                // (A grace period here in the real code: no store through the
+                // old PTE is still in flight.)
+                page.copied.store(page.data.load(Ordering::Acquire), Ordering::Release);
+                page.entry.store(0, Ordering::Release);
+                assert!(!page.refs.release_objref(), "the daemon's wiring holds the page");
+                page.unwire();
             }
-            // (A grace period here in the real code: no store through the
-            // old PTE is still in flight.)
-            page.copied.store(page.data.load(Ordering::Acquire), Ordering::Release);
-            page.entry.store(0, Ordering::Release);
-            assert!(!page.refs.release_objref(), "the daemon's wiring holds the page");
-            page.unwire();
-        }
 
-        mapped.join().unwrap();
-        indexed.join().unwrap();
-        let copied = page.copied.load(Ordering::Acquire);
-        if copied != u64::MAX {
-            assert_eq!(copied, page.data.load(Ordering::Acquire), "a store after the copy-out was lost");
-            assert!(page.freed.load(Ordering::Acquire), "the paged-out frame was not freed");
-        } else {
-            assert_eq!(page.refs.get(), OBJREF, "a page that stays keeps exactly its object's reference");
-            assert!(!page.freed.load(Ordering::Acquire));
-        }
+            mapped.join().unwrap();
+            indexed.join().unwrap();
+            let copied = page.copied.load(Ordering::Acquire);
+            if copied != u64::MAX {
+                assert_eq!(copied, page.data.load(Ordering::Acquire), "a store after the copy-out was lost");
+                assert!(page.freed.load(Ordering::Acquire), "the paged-out frame was not freed");
+            } else {
+                assert_eq!(page.refs.get(), OBJREF, "a page that stays keeps exactly its object's reference");
+                assert!(!page.freed.load(Ordering::Acquire));
+            }
+        });
     });
 }

@@ -53,30 +53,31 @@ fn find(top: &Level, section: &RcuReadGuard<'_>) -> u64 {
 }
 
 #[test]
-#[cfg_attr(vmfault_mutation = "shadow_entry_first", should_panic)]
 fn a_walker_finds_the_page_a_collapse_moves_up() {
-    loom::model(|| {
-        let (rcu, mut readers) = Rcu::new(1);
-        let rcu = Arc::new(rcu);
-        let absorbed = Arc::new(Level { entry: AtomicU64::new(PAGE), backing: RcuBox::new(None) });
-        let level = Arc::new(Level { entry: AtomicU64::new(0), backing: RcuBox::new(Some(absorbed.clone())) });
-        let reader = readers.pop().unwrap();
+    vmfault::sync::fails_under(&["shadow_entry_first"], None, || {
+        loom::model(|| {
+            let (rcu, mut readers) = Rcu::new(1);
+            let rcu = Arc::new(rcu);
+            let absorbed = Arc::new(Level { entry: AtomicU64::new(PAGE), backing: RcuBox::new(None) });
+            let level = Arc::new(Level { entry: AtomicU64::new(0), backing: RcuBox::new(Some(absorbed.clone())) });
+            let reader = readers.pop().unwrap();
 
-        let walker = {
-            let (rcu, level) = (rcu.clone(), level.clone());
-            thread::spawn(move || {
-                let section = rcu.read_lock(&reader);
-                assert_eq!(find(&level, &section), PAGE, "the page vanished during a collapse");
-            })
-        };
+            let walker = {
+                let (rcu, level) = (rcu.clone(), level.clone());
+                thread::spawn(move || {
+                    let section = rcu.read_lock(&reader);
+                    assert_eq!(find(&level, &section), PAGE, "the page vanished during a collapse");
+                })
+            };
 
-        // The collapse: move the page up (Release), switch the pointer past
-        // the absorbed level, wait for a grace period, forget its entry.
-        level.entry.store(PAGE, Ordering::Release);
-        let mut old = vec![level.backing.replace(&rcu, None)];
-        drop(rcu.reclaim(&mut old, true));
-        absorbed.entry.store(0, Ordering::Relaxed);
-        walker.join().unwrap();
+            // The collapse: move the page up (Release), switch the pointer past
+            // the absorbed level, wait for a grace period, forget its entry.
+            level.entry.store(PAGE, Ordering::Release);
+            let mut old = vec![level.backing.replace(&rcu, None)];
+            drop(rcu.reclaim(&mut old, true));
+            absorbed.entry.store(0, Ordering::Relaxed);
+            walker.join().unwrap();
+        });
     });
 }
 
@@ -84,22 +85,23 @@ fn a_walker_finds_the_page_a_collapse_moves_up() {
 const OWN: u64 = (9 << 12) | 1;
 
 #[test]
-#[cfg_attr(vmfault_mutation = "shadow_move_store", should_panic)]
 fn a_collapse_never_overwrites_a_page_a_fault_inserts() {
-    loom::model(|| {
-        let slot = Arc::new(AtomicU64::new(0));
-        let fault = {
-            let slot = slot.clone();
-            thread::spawn(move || slot.compare_exchange(0, OWN, Ordering::AcqRel, Ordering::Acquire).is_ok())
-        };
-        let moved = publish_if_empty(&*slot, PAGE);
-        let inserted = fault.join().unwrap();
-        let end = slot.load(Ordering::Acquire);
-        if inserted {
-            assert_eq!(end, OWN, "the collapse overwrote the fault's page");
-            assert!(!moved, "the absorbed page must count as hidden");
-        } else {
-            assert_eq!(end, PAGE);
-        }
+    vmfault::sync::fails_under(&["shadow_move_store"], None, || {
+        loom::model(|| {
+            let slot = Arc::new(AtomicU64::new(0));
+            let fault = {
+                let slot = slot.clone();
+                thread::spawn(move || slot.compare_exchange(0, OWN, Ordering::AcqRel, Ordering::Acquire).is_ok())
+            };
+            let moved = publish_if_empty(&*slot, PAGE);
+            let inserted = fault.join().unwrap();
+            let end = slot.load(Ordering::Acquire);
+            if inserted {
+                assert_eq!(end, OWN, "the collapse overwrote the fault's page");
+                assert!(!moved, "the absorbed page must count as hidden");
+            } else {
+                assert_eq!(end, PAGE);
+            }
+        });
     });
 }

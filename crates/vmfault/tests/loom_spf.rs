@@ -77,28 +77,32 @@ const PRESENT: u64 = 1;
 const WRITABLE: u64 = 2;
 
 #[test]
-#[cfg_attr(vmfault_mutation = "spf_no_recheck", should_panic)]
 fn speculative_fault_racing_munmap_never_installs_into_a_removed_vma() {
-    model(|_| 0);
+    vmfault::sync::fails_under(&["spf_no_recheck"], None, || {
+        model(|_| 0);
+    });
 }
 
 #[test]
-#[cfg_attr(vmfault_mutation = "spf_no_recheck", should_panic)]
 fn speculative_fault_racing_mprotect_never_leaves_a_writable_pte() {
-    // mprotect(PROT_READ): the writer narrows the PTE instead of clearing it.
-    model(|old| old & !WRITABLE);
+    vmfault::sync::fails_under(&["spf_no_recheck"], None, || {
+        // mprotect(PROT_READ): the writer narrows the PTE instead of clearing it.
+        model(|old| old & !WRITABLE);
+    });
 }
 
 #[test]
-#[cfg_attr(any(vmfault_mutation = "vma_retire_no_wait", vmfault_mutation = "rcu_pin_late"), should_panic)]
 fn vma_locked_fault_racing_munmap_never_installs_into_a_removed_vma() {
-    model_with(|_| 0, Path::VmaLock);
+    vmfault::sync::fails_under(&["vma_retire_no_wait", "rcu_pin_late"], None, || {
+        model_with(|_| 0, Path::VmaLock);
+    });
 }
 
 #[test]
-#[cfg_attr(any(vmfault_mutation = "vma_retire_no_wait", vmfault_mutation = "rcu_pin_late"), should_panic)]
 fn vma_locked_fault_racing_mprotect_never_leaves_a_writable_pte() {
-    model_with(|old| old & !WRITABLE, Path::VmaLock);
+    vmfault::sync::fails_under(&["vma_retire_no_wait", "rcu_pin_late"], None, || {
+        model_with(|old| old & !WRITABLE, Path::VmaLock);
+    });
 }
 
 /// Which fault path the model runs.
@@ -206,25 +210,25 @@ fn model_with(writer_pte: fn(u64) -> u64, path: Path) {
 }
 
 #[test]
-#[cfg_attr(
-    any(vmfault_mutation = "generation_unchecked", vmfault_mutation = "spf_no_recheck"),
-    should_panic(expected = "installed into a pruned page table")
-)]
 fn fault_from_an_earlier_walk_never_installs_into_a_pruned_table() {
-    pruned_table_model(false);
+    vmfault::sync::fails_under(
+        &["generation_unchecked", "spf_no_recheck"],
+        Some("installed into a pruned page table"),
+        || {
+            pruned_table_model(false);
+        },
+    );
 }
 
 #[test]
-#[cfg_attr(
-    any(
-        vmfault_mutation = "generation_unchecked",
-        vmfault_mutation = "spf_no_recheck",
-        vmfault_mutation = "leaf_hint_unchecked"
-    ),
-    should_panic(expected = "installed into a pruned page table")
-)]
 fn fault_from_a_hinted_walk_of_an_earlier_section_never_installs_into_a_pruned_table() {
-    pruned_table_model(true);
+    vmfault::sync::fails_under(
+        &["generation_unchecked", "spf_no_recheck", "leaf_hint_unchecked"],
+        Some("installed into a pruned page table"),
+        || {
+            pruned_table_model(true);
+        },
+    );
 }
 
 /// A speculative fault that goes on from a walk made before its snapshot

@@ -43,54 +43,55 @@ struct Page {
 }
 
 #[test]
-#[cfg_attr(vmfault_mutation = "writeback_copy_first", should_panic)]
 fn a_store_racing_write_back_is_written_or_stays_dirty() {
-    loom::model(|| {
-        let (rcu, mut readers) = Rcu::new(1);
-        let rcu = Arc::new(rcu);
-        let page = Arc::new(Page {
-            entry: AtomicU64::new(0),
-            pte: AtomicU64::new(0),
-            ptl: AtomicU32::new(0),
-            data: AtomicU64::new(OLD),
-        });
-        let reader = readers.pop().unwrap();
+    vmfault::sync::fails_under(&["writeback_copy_first"], None, || {
+        loom::model(|| {
+            let (rcu, mut readers) = Rcu::new(1);
+            let rcu = Arc::new(rcu);
+            let page = Arc::new(Page {
+                entry: AtomicU64::new(0),
+                pte: AtomicU64::new(0),
+                ptl: AtomicU32::new(0),
+                data: AtomicU64::new(OLD),
+            });
+            let reader = readers.pop().unwrap();
 
-        let vcpu = {
-            let (rcu, page) = (rcu.clone(), page.clone());
-            thread::spawn(move || {
-                // At most one protection can intervene: three tries suffice.
-                for _ in 0..3 {
-                    {
-                        let _section = rcu.read_lock(&reader);
-                        if page.pte.load(Ordering::Acquire) & WRITABLE != 0 {
-                            page.data.store(NEW, Ordering::Relaxed);
-                            return;
+            let vcpu = {
+                let (rcu, page) = (rcu.clone(), page.clone());
+                thread::spawn(move || {
+                    // At most one protection can intervene: three tries suffice.
+                    for _ in 0..3 {
+                        {
+                            let _section = rcu.read_lock(&reader);
+                            if page.pte.load(Ordering::Acquire) & WRITABLE != 0 {
+                                page.data.store(NEW, Ordering::Relaxed);
+                                return;
+                            }
                         }
+                        // The write fault: dirty first, then writable, under the lock.
+                        let _ptl = spin::lock(&page.ptl).0;
+                        page.entry.fetch_or(DIRTY, Ordering::Relaxed);
+                        page.pte.store(WRITABLE, Ordering::Release);
                     }
-                    // The write fault: dirty first, then writable, under the lock.
-                    let _ptl = spin::lock(&page.ptl).0;
-                    page.entry.fetch_or(DIRTY, Ordering::Relaxed);
-                    page.pte.store(WRITABLE, Ordering::Release);
-                }
-                panic!("the store never got a writable PTE");
-            })
-        };
+                    panic!("the store never got a writable PTE");
+                })
+            };
 
-        let copied = write_back_ordered(
-            || page.entry.fetch_and(!DIRTY, Ordering::AcqRel) & DIRTY != 0,
-            |&dirty| {
-                if dirty {
-                    let ptl = spin::lock(&page.ptl).0;
-                    page.pte.store(0, Ordering::Release);
-                    drop(ptl);
-                    rcu.synchronize();
-                }
-            },
-            |&dirty| dirty.then(|| page.data.load(Ordering::Relaxed)),
-        );
-        vcpu.join().unwrap();
-        let dirty = page.entry.load(Ordering::Relaxed) & DIRTY != 0;
-        assert!(copied == Some(NEW) || dirty, "the store was lost: written {copied:?}, page clean");
+            let copied = write_back_ordered(
+                || page.entry.fetch_and(!DIRTY, Ordering::AcqRel) & DIRTY != 0,
+                |&dirty| {
+                    if dirty {
+                        let ptl = spin::lock(&page.ptl).0;
+                        page.pte.store(0, Ordering::Release);
+                        drop(ptl);
+                        rcu.synchronize();
+                    }
+                },
+                |&dirty| dirty.then(|| page.data.load(Ordering::Relaxed)),
+            );
+            vcpu.join().unwrap();
+            let dirty = page.entry.load(Ordering::Relaxed) & DIRTY != 0;
+            assert!(copied == Some(NEW) || dirty, "the store was lost: written {copied:?}, page clean");
+        });
     });
 }

@@ -141,7 +141,7 @@ impl Page {
     /// daemon then pages out in FIFO order: `tests/swap.rs`,
     /// `hot_pages_stay_resident_while_a_cold_stream_pages_out`, fails).
     pub(crate) fn take_referenced(&self) -> bool {
-        !cfg!(vmfault_mutation = "queues_no_aging")
+        !crate::mutated!("queues_no_aging")
             && self.referenced.load(Ordering::Relaxed) != 0
             && self.referenced.swap(0, Ordering::Relaxed) != 0
     }

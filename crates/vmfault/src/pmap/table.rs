@@ -308,7 +308,7 @@ impl Pmap {
         });
         // `--cfg vmfault_mutation="second_mmu_not_told"`: a host view keeps
         // stale translations (tests/host_view.rs must fail, `.ci/run`).
-        if lost && !cfg!(vmfault_mutation = "second_mmu_not_told") {
+        if lost && !crate::mutated!("second_mmu_not_told") {
             self.invalidate(start, end);
         }
         changed

@@ -59,7 +59,7 @@ impl Stamp {
     /// (`--cfg vmfault_mutation="leaf_hint_unchecked"`).
     #[inline]
     pub fn holds_at(self, now: Stamp) -> bool {
-        if cfg!(vmfault_mutation = "leaf_hint_unchecked") {
+        if crate::mutated!("leaf_hint_unchecked") {
             return true;
         }
         self.0 == now.0
@@ -89,7 +89,7 @@ impl Generation {
     /// Acquire read of what the writer published orders this load after it.
     #[inline]
     pub fn unchanged(&self, stamp: Stamp) -> bool {
-        if cfg!(vmfault_mutation = "generation_unchecked") {
+        if crate::mutated!("generation_unchecked") {
             return true;
         }
         self.0.load(Ordering::Relaxed) == stamp.0

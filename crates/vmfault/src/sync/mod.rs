@@ -81,7 +81,7 @@ impl Slot for loom::sync::atomic::AtomicU64 {
 /// with `--cfg vmfault_mutation="shadow_move_store"` (a plain store) the
 /// fault's page is overwritten and the model fails.
 pub fn publish_if_empty(slot: &impl Slot, value: u64) -> bool {
-    if cfg!(vmfault_mutation = "shadow_move_store") {
+    if crate::mutated!("shadow_move_store") {
         slot.put(value);
         return true;
     }
@@ -107,7 +107,7 @@ pub fn write_back_ordered<T, R>(
     copy: impl FnOnce(&T) -> R,
 ) -> R {
     let pages = take_dirty();
-    if cfg!(vmfault_mutation = "writeback_copy_first") {
+    if crate::mutated!("writeback_copy_first") {
         let r = copy(&pages);
         protect(&pages);
         return r;
@@ -188,4 +188,43 @@ impl<T> std::ops::Deref for CachePadded<T> {
     fn deref(&self) -> &T {
         &self.0
     }
+}
+
+/// Whether `name` is the mutation this crate was built with
+/// (`VMFAULT_MUTATION`) or the one `VMFAULT_LOOM_MUTATION` names (loom
+/// builds; read once): see `mutated!`.
+#[cfg(loom)]
+pub fn loom_mutation(name: &str) -> bool {
+    static ON: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    option_env!("VMFAULT_MUTATION_BUILT") == Some(name)
+        || ON.get_or_init(|| std::env::var("VMFAULT_LOOM_MUTATION").ok()).as_deref() == Some(name)
+}
+
+/// Run `model` (a loom model's body): it must pass, unless one of
+/// `mutations` is on (`VMFAULT_LOOM_MUTATION`), when it must fail, with a
+/// message holding `expected` if one is given. The loom tests' way of
+/// saying which mutations each model guards against (`.ci/run` runs every
+/// pair from one build).
+#[cfg(loom)]
+pub fn fails_under(mutations: &[&str], expected: Option<&str>, model: impl FnOnce() + std::panic::UnwindSafe) {
+    let Some(on) = mutations.iter().copied().find(|m| loom_mutation(m)) else {
+        model();
+        return;
+    };
+    let Err(e) = std::panic::catch_unwind(model) else {
+        panic!("the model passed with mutation {on} on: it no longer guards against it");
+    };
+    let msg =
+        e.downcast_ref::<String>().map(String::as_str).or_else(|| e.downcast_ref::<&str>().copied()).unwrap_or("");
+    if let Some(want) = expected {
+        assert!(msg.contains(want), "with mutation {on} the model failed, but not with {want:?}: {msg}");
+    }
+    eprintln!("failed under mutation {on}, as it must: {msg}");
+}
+
+/// No mutation at run time outside loom builds: see `mutated!`.
+#[cfg(not(loom))]
+#[inline(always)]
+pub(crate) const fn loom_mutation(_name: &str) -> bool {
+    false
 }

@@ -283,7 +283,7 @@ impl<T> PerCpuCache<T> {
         if old.is_empty() {
             return 0;
         }
-        if !cfg!(vmfault_mutation = "pcp_no_grace") {
+        if !crate::mutated!("pcp_no_grace") {
             rcu.synchronize();
         }
         let mut items = Vec::new();

@@ -285,12 +285,11 @@ impl Rcu {
             // in between) must still synchronize with everything the previous
             // section did. Under C++20 rules a relaxed store does not continue
             // the release sequence of the exit store before it.
-            let entry =
-                if cfg!(vmfault_mutation = "rcu_relaxed_entry") { Ordering::Relaxed } else { Ordering::Release };
+            let entry = if crate::mutated!("rcu_relaxed_entry") { Ordering::Relaxed } else { Ordering::Release };
             c.store(v + 1, entry);
             // Pairs with the fence at the start of `synchronize`: either the
             // writer sees this odd counter, or this section sees the unlink.
-            if !cfg!(vmfault_mutation = "rcu_no_reader_fence") {
+            if !crate::mutated!("rcu_no_reader_fence") {
                 fence(Ordering::SeqCst);
             }
         }
@@ -310,7 +309,7 @@ impl Rcu {
         SECTIONS.with(|s| assert_eq!(s.get(), 0, "Rcu::synchronize inside a read-side section"));
         #[cfg(not(loom))]
         WAITS.with(|w| w.set(w.get() + 1));
-        if cfg!(vmfault_mutation = "rcu_no_grace") {
+        if crate::mutated!("rcu_no_grace") {
             // Mutation for the loom model: skip the grace period entirely.
             return;
         }
@@ -392,8 +391,7 @@ impl Rcu {
                 // again (each look is a cache miss on a line its owner
                 // writes at every section).
                 for (seen, slot) in p.seen.iter_mut().zip(self.slots.iter()) {
-                    if *seen != 0
-                        && (cfg!(vmfault_mutation = "rcu_poll_unseen") || slot.count.load(Ordering::Acquire) != *seen)
+                    if *seen != 0 && (crate::mutated!("rcu_poll_unseen") || slot.count.load(Ordering::Acquire) != *seen)
                     {
                         *seen = 0;
                         p.left -= 1;
@@ -471,7 +469,7 @@ impl Rcu {
         reader.pins.set(generation);
         let word = (addr & !PIN_GEN) | (generation & PIN_GEN);
         let _rank = super::rank::RankGuard::enter(super::rank::Rank::VmaPin);
-        if cfg!(vmfault_mutation = "rcu_pin_late") {
+        if crate::mutated!("rcu_pin_late") {
             // Mutation for the loom model: the pin published after the
             // entry fence, so nothing orders it before the section's loads.
             let section = self.read_lock(reader);
@@ -503,7 +501,7 @@ impl Rcu {
         // Waiting for the pins is taking them as a lock (debug builds check
         // the order: `sync::rank`).
         drop(super::rank::RankGuard::enter(super::rank::Rank::VmaPin));
-        if cfg!(vmfault_mutation = "vma_retire_no_wait") {
+        if crate::mutated!("vma_retire_no_wait") {
             // Mutation for the loom model: the writer does not wait.
             return;
         }
@@ -606,7 +604,7 @@ impl<T> RcuBox<T> {
     /// `tests/loom_shadow.rs` then fails.
     #[inline]
     pub fn read_then<'a, R>(&'a self, section: &'a RcuReadGuard<'_>, after: impl FnOnce() -> R) -> (&'a T, R) {
-        if cfg!(vmfault_mutation = "shadow_entry_first") {
+        if crate::mutated!("shadow_entry_first") {
             let r = after();
             return (self.read(section), r);
         }

@@ -102,7 +102,7 @@ impl RefCount {
     pub fn wire_mapped(&self) -> bool {
         let mut cur = self.0.load(Ordering::Relaxed);
         loop {
-            if cur & BLOCKED != 0 && !cfg!(vmfault_mutation = "refcount_no_blocked_check") {
+            if cur & BLOCKED != 0 && !crate::mutated!("refcount_no_blocked_check") {
                 return false;
             }
             // 2^30 wirings of one page (e.g. holds leaked with
@@ -121,7 +121,7 @@ impl RefCount {
     /// once it has left its object (it may be about to be freed).
     pub fn try_hold(&self) -> bool {
         // The mutation for the loom model: a hold that ignores `BLOCKED`.
-        let refuse = if cfg!(vmfault_mutation = "refcount_hold_ignores_blocked") { OBJREF } else { OBJREF | BLOCKED };
+        let refuse = if crate::mutated!("refcount_hold_ignores_blocked") { OBJREF } else { OBJREF | BLOCKED };
         let mut cur = self.0.load(Ordering::Relaxed);
         loop {
             if cur & refuse != OBJREF {

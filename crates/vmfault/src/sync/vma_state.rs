@@ -67,7 +67,7 @@ impl VmaState {
     /// here, the writer's zap or narrowing of this PTE comes after us.
     #[inline]
     pub fn still_live_under(&self, _ptl: &WordGuard<'_>) -> bool {
-        cfg!(vmfault_mutation = "spf_no_recheck") || self.is_live()
+        crate::mutated!("spf_no_recheck") || self.is_live()
     }
 
     /// Take the per-VMA read lock: `pin` must pin an address inside this
