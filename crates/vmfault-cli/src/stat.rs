@@ -35,8 +35,13 @@ pub(crate) fn report(vm: &Vm, w: Workload, threads: usize, r: &harness::RoundRes
         r.faults,
         human(r.faults_per_sec())
     );
-    for (name, value, description) in vm.stats().entries() {
+    let stats = vm.stats();
+    for (name, value, description) in stats.entries() {
         let _ = writeln!(out, "{value:>14} {name:<26} {description}");
+    }
+    let _ = writeln!(out, "\nthe same under /proc/vmstat's names (Stats::vmstat):");
+    for (name, value) in stats.vmstat() {
+        let _ = writeln!(out, "{value:>14} {name}");
     }
     out
 }
@@ -75,7 +80,13 @@ mod tests {
         for (name, _, _) in vm.stats().entries() {
             assert!(text.lines().any(|l| l.split_whitespace().nth(1) == Some(name)), "{name} missing:\n{text}");
         }
-        let faults = text.lines().find(|l| l.split_whitespace().nth(1) == Some("faults")).unwrap();
-        assert!(faults.split_whitespace().next().unwrap().parse::<u64>().unwrap() > 0);
+        let value = |name: &str| {
+            let line = text.lines().find(|l| l.split_whitespace().nth(1) == Some(name)).unwrap();
+            line.split_whitespace().next().unwrap().parse::<u64>().unwrap()
+        };
+        assert!(value("faults") > 0);
+        // The /proc/vmstat names follow, with the same values.
+        assert_eq!(value("pgfault"), value("faults"));
+        assert_eq!(value("pswpout"), value("pageouts"));
     }
 }

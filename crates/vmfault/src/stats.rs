@@ -188,6 +188,55 @@ stats! {
     }
 }
 
+impl Stats {
+    /// The values that have an equivalent in Linux's `/proc/vmstat`, under
+    /// its names, for tools and readers used to them (vmfault's own names,
+    /// in [`entries`](Stats::entries), stay the reference):
+    ///
+    /// | `/proc/vmstat` | here |
+    /// |---|---|
+    /// | `nr_free_pages` | `free_pages` |
+    /// | `nr_page_table_pages` | `page_table_pages` |
+    /// | `pgfault` | `faults` |
+    /// | `pgmajfault` | `file_fills` + `pageins` (faults that read a page in) |
+    /// | `pswpin` | `pageins` |
+    /// | `pswpout` | `pageouts` |
+    /// | `pgalloc_normal` | `frame_allocs` (data, page-table and index frames) |
+    /// | `allocstall_normal` | `alloc_stalls` |
+    /// | `pgsteal_kswapd` | `pageouts` + `file_pageouts` (pages the daemon reclaimed) |
+    /// | `nr_vmscan_write` | `pageouts` + `daemon_file_writebacks` |
+    ///
+    /// Linux's `pgfree` has no equivalent: frees are not counted (each
+    /// vCPU counts its allocations; frees happen on vCPUs, on the
+    /// grace-period thread and in the daemon).
+    ///
+    /// ```
+    /// use vmfault::{MapFlags, Prot, Vm, VmConfig};
+    /// let vm = Vm::new(VmConfig { phys_bytes: 8 << 20, ..VmConfig::default() })?;
+    /// let space = vm.new_space()?;
+    /// let a = space.mmap(0, 4 << 12, Prot::READ | Prot::WRITE, MapFlags::PRIVATE | MapFlags::ANONYMOUS)?;
+    /// space.write(a, &[1; 4 << 12])?;
+    /// let vmstat = vm.stats().vmstat();
+    /// let pgfault = vmstat.iter().find(|(name, _)| *name == "pgfault").unwrap().1;
+    /// assert_eq!(pgfault, 4);
+    /// # Ok::<(), vmfault::Error>(())
+    /// ```
+    pub fn vmstat(&self) -> Vec<(&'static str, u64)> {
+        vec![
+            ("nr_free_pages", self.free_pages),
+            ("nr_page_table_pages", self.page_table_pages),
+            ("pgfault", self.faults),
+            ("pgmajfault", self.file_fills + self.pageins),
+            ("pswpin", self.pageins),
+            ("pswpout", self.pageouts),
+            ("pgalloc_normal", self.frame_allocs),
+            ("allocstall_normal", self.alloc_stalls),
+            ("pgsteal_kswapd", self.pageouts + self.file_pageouts),
+            ("nr_vmscan_write", self.pageouts + self.daemon_file_writebacks),
+        ]
+    }
+}
+
 /// The page daemon's statistics (`reclaim`), in the machine; each `[a]`,
 /// written by the daemon (and by a file's write-back on its behalf), read
 /// by `Vm::stats`.
