@@ -127,8 +127,8 @@ fn errno() -> i32 {
 /// Try an access in a grandchild; returns (bytes done, Some((addr, code)) on SIGSEGV).
 ///
 /// # Safety
-/// `sh` is the shared region; `pat` holds `len` bytes for `Kind::Write`.
-unsafe fn probe(sh: *mut Shared, kind: Kind, addr: u64, len: usize, pat: *const u8) -> (usize, Option<(u64, i64)>) {
+/// `sh` is the shared region.
+unsafe fn probe(sh: *mut Shared, kind: Kind, addr: u64, len: usize) -> (usize, Option<(u64, i64)>) {
     // SAFETY: the caller's contract; the accesses to `addr` happen in a forked
     // copy whose faults end it through `on_fault`.
     unsafe {
@@ -153,11 +153,12 @@ unsafe fn probe(sh: *mut Shared, kind: Kind, addr: u64, len: usize, pat: *const 
                         compiler_fence(Ordering::SeqCst);
                         ptr::copy_nonoverlapping(a as *const u8, (&raw mut (*pr).buf).cast::<u8>().add(done), n);
                     }
-                    Kind::Write => {
-                        ptr::write_volatile(a as *mut u8, *pat.add(done));
-                        compiler_fence(Ordering::SeqCst);
-                        ptr::copy_nonoverlapping(pat.add(done), a as *mut u8, n);
-                    }
+                    // A store that changes nothing proves the page
+                    // writable: the caller stores the bytes. (Storing them
+                    // here reached the caller's shared pages first, so a
+                    // copy-on-write of a private mapping of the same file
+                    // page, earlier in the range, took them in.)
+                    Kind::Write => store_nothing(a),
                     Kind::TouchRead => {
                         let _ = ptr::read_volatile(a as *const u8);
                     }
@@ -266,7 +267,7 @@ unsafe fn exec(sh: *mut Shared, base: u64, op: &TOp, fd: i32) -> RawResult {
             }
             TOp::Munlock { off, len } => unit(libc::munlock((base + off) as *const libc::c_void, len as usize)),
             TOp::Read { off, len } => {
-                let (done, fault) = probe(sh, Kind::Read, base + off, len as usize, ptr::null());
+                let (done, fault) = probe(sh, Kind::Read, base + off, len as usize);
                 // The grandchild proved these bytes readable: read them here
                 // too, so that this process faults its pages in as the
                 // access would have (`mincore` sees them).
@@ -288,9 +289,19 @@ unsafe fn exec(sh: *mut Shared, base: u64, op: &TOp, fd: i32) -> RawResult {
                 for (i, b) in pat.iter_mut().enumerate().take(len as usize) {
                     *b = seed.wrapping_add((i as u8).wrapping_mul(31)) | 1;
                 }
-                let (done, fault) = probe(sh, Kind::Write, base + off, len as usize, pat.as_ptr());
-                // The grandchild proved these bytes writable: store them here too.
-                ptr::copy_nonoverlapping(pat.as_ptr(), (base + off) as *mut u8, done);
+                let (done, fault) = probe(sh, Kind::Write, base + off, len as usize);
+                // The grandchild proved these bytes writable: store them here
+                // too, a page at a time in ascending order, as vmfault's
+                // `write` (and `rep movsb`) does. One `memcpy` may store its
+                // tail first, and where the range maps one file page twice
+                // (a private and a shared mapping of it), a copy-on-write
+                // of the first would then take the second's new bytes.
+                let mut at = 0usize;
+                while at < done {
+                    let n = (4096 - (base + off + at as u64) as usize % 4096).min(done - at);
+                    ptr::copy_nonoverlapping(pat.as_ptr().add(at), (base + off + at as u64) as *mut u8, n);
+                    at += n;
+                }
                 match fault {
                     None => res(K_OK),
                     Some((a, code)) => RawResult { segv_off: a as i64 - base as i64, segv_code: code, ..res(K_SEGV) },
@@ -299,7 +310,7 @@ unsafe fn exec(sh: *mut Shared, base: u64, op: &TOp, fd: i32) -> RawResult {
             TOp::Touch { off, write } => {
                 let kind = if write { Kind::TouchWrite } else { Kind::TouchRead };
                 let a = base + off;
-                match probe(sh, kind, a, 1, ptr::null()) {
+                match probe(sh, kind, a, 1) {
                     (_, None) => {
                         if write {
                             store_nothing(a);
@@ -315,7 +326,7 @@ unsafe fn exec(sh: *mut Shared, base: u64, op: &TOp, fd: i32) -> RawResult {
             }
             TOp::FetchAdd { off, val } => {
                 let a = base + off;
-                match probe(sh, Kind::TouchWrite, a, 1, ptr::null()) {
+                match probe(sh, Kind::TouchWrite, a, 1) {
                     (_, None) => {
                         // The grandchild proved it writable: the add itself.
                         let old = (*(a as *const std::sync::atomic::AtomicU64)).fetch_add(val, Ordering::SeqCst);
