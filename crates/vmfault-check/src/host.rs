@@ -189,6 +189,32 @@ fn unit(r: libc::c_int) -> RawResult {
     if r == 0 { res(K_OK) } else { RawResult { errno: errno(), ..res(K_ERR) } }
 }
 
+/// A debugger's access (ptrace's `FOLL_FORCE`) of `len` bytes at `addr`
+/// of this process, through `/proc/self/mem`: the bytes done before the
+/// first page it could not reach (the file's `EIO` when that is the
+/// first).
+///
+/// # Safety
+/// `buf` holds `len` bytes (written to for a read).
+unsafe fn proc_mem(write: bool, addr: u64, buf: *mut u8, len: usize) -> usize {
+    // SAFETY: a NUL-terminated path; the caller's contract for `buf`.
+    unsafe {
+        let fd = libc::open(c"/proc/self/mem".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
+        assert!(fd >= 0, "open /proc/self/mem: errno {}", errno());
+        let mut done = 0usize;
+        while done < len {
+            let (p, n, at) = (buf.add(done), len - done, (addr + done as u64) as libc::off_t);
+            let r = if write { libc::pwrite(fd, p.cast(), n, at) } else { libc::pread(fd, p.cast(), n, at) };
+            if r <= 0 {
+                break;
+            }
+            done += r as usize;
+        }
+        libc::close(fd);
+        done
+    }
+}
+
 /// # Safety
 /// `sh` is the shared region; `src` holds `n` readable bytes.
 unsafe fn push_data(sh: *mut Shared, src: *const u8, n: usize) -> (u64, u64) {
@@ -305,6 +331,28 @@ unsafe fn exec(sh: *mut Shared, base: u64, op: &TOp, fd: i32) -> RawResult {
                 match fault {
                     None => res(K_OK),
                     Some((a, code)) => RawResult { segv_off: a as i64 - base as i64, segv_code: code, ..res(K_SEGV) },
+                }
+            }
+            TOp::ForceRead { off, len } => {
+                let mut buf = [0u8; CHUNK];
+                let done = proc_mem(false, base + off, buf.as_mut_ptr(), len as usize);
+                let (at, n) = push_data(sh, buf.as_ptr(), done);
+                if done == len as usize {
+                    RawResult { data_at: at, data_len: n, ..res(K_DATA) }
+                } else {
+                    RawResult { segv_off: (off + done as u64) as i64, data_at: at, data_len: n, ..res(K_SEGV) }
+                }
+            }
+            TOp::ForceWrite { off, len, seed } => {
+                let mut pat = [0u8; CHUNK];
+                for (i, b) in pat.iter_mut().enumerate().take(len as usize) {
+                    *b = seed.wrapping_add((i as u8).wrapping_mul(31)) | 1;
+                }
+                let done = proc_mem(true, base + off, pat.as_mut_ptr(), len as usize);
+                if done == len as usize {
+                    res(K_OK)
+                } else {
+                    RawResult { segv_off: (off + done as u64) as i64, ..res(K_SEGV) }
                 }
             }
             TOp::Touch { off, write } => {
@@ -514,7 +562,11 @@ pub fn run_host(ops: &[TOp], file: Option<&std::fs::File>) -> Result<(Vec<Outcom
     let fd = file.map_or(-1, std::os::fd::AsRawFd::as_raw_fd);
     assert!(ops.len() <= MAX_OPS, "at most {MAX_OPS} ops per sequence");
     for op in ops {
-        if let TOp::Read { len, .. } | TOp::Write { len, .. } = op {
+        if let TOp::Read { len, .. }
+        | TOp::Write { len, .. }
+        | TOp::ForceRead { len, .. }
+        | TOp::ForceWrite { len, .. } = op
+        {
             assert!(*len as usize <= CHUNK, "loads and stores are limited to {CHUNK} bytes: {op:?}");
         }
     }

@@ -142,7 +142,7 @@ pub fn check_configs(ops: &[TOp], configs: &[Config]) -> Result<(), String> {
 /// start at the op's offset); `files` says which window pages map which
 /// file page.
 fn tail_written_back(op: &TOp, got: &Outcome, want: &Outcome, files: &FilePages) -> bool {
-    let (TOp::Read { off, .. } | TOp::FetchAdd { off, .. }) = *op else { return false };
+    let (TOp::Read { off, .. } | TOp::ForceRead { off, .. } | TOp::FetchAdd { off, .. }) = *op else { return false };
     let same_end = match (got, want) {
         (Outcome::Data(_), Outcome::Data(_)) => true,
         (Outcome::Bus { off: x, .. }, Outcome::Bus { off: y, .. }) => x == y,

@@ -110,6 +110,22 @@ pub enum TOp {
         off: u64,
         val: u64,
     },
+    /// A debugger's read of `len` bytes at `off` (`pread` of
+    /// `/proc/self/mem` on the host, `read_remote` with `force` here):
+    /// protection ignored; the bytes read before the first page that
+    /// cannot be, as data, and there a failure (`Segv` with code 0).
+    ForceRead {
+        off: u64,
+        len: u64,
+    },
+    /// A debugger's write (`pwrite` of `/proc/self/mem`, `write_remote`
+    /// with `force`): a private mapping is written whatever its
+    /// protection, a shared one only with `PROT_WRITE`.
+    ForceWrite {
+        off: u64,
+        len: u64,
+        seed: u8,
+    },
     /// `mincore` of `len` bytes at `off` (any offset: EINVAL unless page
     /// aligned): one byte per page, as data. Pages of a file, and on the
     /// small machine with swap every page, are compared by length only
@@ -325,6 +341,19 @@ fn segv_or(e: Error, base: u64, data: Vec<u8>) -> Outcome {
     }
 }
 
+/// A forced access that stopped at a page it could not reach: `Segv`
+/// there with code 0 (the host's `/proc/self/mem` says only how far it
+/// got), and the bytes read before it (`data`, cut there).
+fn forced_failure(e: Error, base: u64, off: u64, mut data: Vec<u8>) -> Outcome {
+    match e {
+        Error::Segv { addr, .. } | Error::Bus { addr, .. } | Error::PageIo { addr, .. } => {
+            data.truncate((addr - (base + off)) as usize);
+            Outcome::Segv { off: addr as i64 - base as i64, code: 0, data }
+        }
+        other => errno(other),
+    }
+}
+
 /// Run `op` on vmfault with the window at `base`; `file` is the
 /// sequences' file (file operations need it).
 pub fn run_vmfault(space: &AddressSpace, base: u64, op: &TOp, file: Option<&std::fs::File>) -> Outcome {
@@ -420,6 +449,19 @@ pub fn run_vmfault_in(
             Ok(old) => Outcome::Data(old.to_ne_bytes().to_vec()),
             Err(e) => segv_or(e, base, Vec::new()),
         },
+        TOp::ForceRead { off, len } => {
+            let mut buf = vec![0u8; len as usize];
+            match space.read_remote(base + off, &mut buf, true) {
+                Ok(()) => Outcome::Data(buf),
+                Err(e) => forced_failure(e, base, off, buf),
+            }
+        }
+        TOp::ForceWrite { off, len, seed } => {
+            match space.write_remote(base + off, &pattern(seed, len as usize), true) {
+                Ok(()) => Outcome::Ok,
+                Err(e) => forced_failure(e, base, off, Vec::new()),
+            }
+        }
         TOp::Mlock { off, len } => unit(space.mlock(base + off, len)),
         TOp::Mincore { off, len } => match space.mincore(base + off, len) {
             Ok(v) => Outcome::Data(v),
@@ -654,6 +696,11 @@ pub fn op() -> impl Strategy<Value = TOp> {
     });
     let touch = (0..W, any::<bool>()).prop_map(|(off, write)| TOp::Touch { off, write });
     let fetch_add = (0..W / 8, any::<u64>()).prop_map(|(word, val)| TOp::FetchAdd { off: word * 8, val });
+    let force_read =
+        (0..W).prop_flat_map(|off| (1..=(3 * P).min(W - off)).prop_map(move |len| TOp::ForceRead { off, len }));
+    let force_write = (0..W).prop_flat_map(|off| {
+        (1..=(3 * P).min(W - off), any::<u8>()).prop_map(move |(len, seed)| TOp::ForceWrite { off, len, seed })
+    });
     let mincore = (0..W, any::<bool>()).prop_flat_map(|(off, aligned)| {
         let off = if aligned { off & !(P - 1) } else { off };
         (Just(off), 0..=(8 * P).min(W - off)).prop_map(|(off, len)| TOp::Mincore { off, len })
@@ -672,6 +719,8 @@ pub fn op() -> impl Strategy<Value = TOp> {
         3 => fetch_add,
         4 => lock,
         2 => mincore,
+        1 => force_read,
+        1 => force_write,
         1 => abs_op().prop_map(TOp::Abs),
     ]
 }

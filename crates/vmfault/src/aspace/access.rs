@@ -83,6 +83,74 @@ impl AddressSpace {
         })
     }
 
+    /// Load `buf.len()` bytes from `addr` as a debugger does, through
+    /// `/proc/PID/mem` or `PTRACE_PEEKDATA`: with `force` (Linux's
+    /// `FOLL_FORCE`), whatever the mapping's protection, `PROT_NONE`
+    /// included (the pages are faulted in, as Linux does, but a
+    /// `PROT_NONE` page is not mapped: the next ordinary access still
+    /// faults); without, exactly [`read`](AddressSpace::read). Fails where
+    /// nothing is mapped (`Error::Segv`, `SEGV_MAPERR`, at the first such
+    /// address; the bytes before it are in `buf`), where Linux's
+    /// `/proc/PID/mem` reads as many bytes and then fails.
+    pub fn read_remote(&self, addr: u64, buf: &mut [u8], force: bool) -> Result<()> {
+        if !force {
+            return self.read(addr, buf);
+        }
+        let len = buf.len();
+        self.forced(Op::Read, Access::Read, addr, len, |phys, pfn, off, at, n| {
+            phys.read_bytes(pfn, off, &mut buf[at..at + n])
+        })
+    }
+
+    /// Store `data` at `addr` as a debugger does (a breakpoint into a
+    /// program's text): with `force` (Linux's `FOLL_FORCE`), a private
+    /// mapping is written whatever its protection, by copy-on-write (the
+    /// page becomes this space's own, as any write to a private mapping
+    /// makes it, and its PTE keeps the mapping's protection: an ordinary
+    /// store there still fails); a shared mapping without `PROT_WRITE` is
+    /// not (`Error::Segv`, `SEGV_ACCERR`: the file or the other processes
+    /// would see it; Linux's `/proc/PID/mem` says `EIO`). Without `force`,
+    /// exactly [`write`](AddressSpace::write). The bytes before the first
+    /// failing address are stored.
+    ///
+    /// ```
+    /// use vmfault::{Error, MapFlags, Prot, Vm, VmConfig};
+    /// let vm = Vm::new(VmConfig { phys_bytes: 16 << 20, ..VmConfig::default() })?;
+    /// let space = vm.new_space()?;
+    /// let text = space.mmap(0, 4096, Prot::READ | Prot::EXEC, MapFlags::PRIVATE | MapFlags::ANONYMOUS)?;
+    /// assert!(matches!(space.write(text, &[0xcc]), Err(Error::Segv { .. })));
+    /// space.write_remote(text, &[0xcc], true)?; // int3, as a debugger sets it
+    /// let mut insn = [0u8; 1];
+    /// space.fetch(text, &mut insn)?;
+    /// assert_eq!(insn, [0xcc]);
+    /// assert!(matches!(space.write(text, &[0x90]), Err(Error::Segv { .. }))); // still read-only
+    /// # Ok::<(), vmfault::Error>(())
+    /// ```
+    pub fn write_remote(&self, addr: u64, data: &[u8], force: bool) -> Result<()> {
+        if !force {
+            return self.write(addr, data);
+        }
+        self.forced(Op::Write, Access::Write, addr, data.len(), |phys, pfn, off, at, n| {
+            phys.write_bytes(pfn, off, &data[at..at + n])
+        })
+    }
+
+    /// `len` bytes at `addr` with forced faults, `copy` moving each piece.
+    fn forced(
+        &self,
+        op: Op,
+        access: Access,
+        addr: u64,
+        len: usize,
+        mut copy: impl FnMut(&crate::phys::PhysMem, Pfn, usize, usize, usize),
+    ) -> Result<()> {
+        let s = &self.s;
+        s.vm.with_ctx(|ctx| {
+            let phys = &ctx.env.phys;
+            s.access_with(ctx, op, addr, len, access, true, |pfn, off, at, n| copy(phys, pfn, off, at, n))
+        })
+    }
+
     /// One access of the given kind at `addr`, like a single load, store or
     /// instruction fetch: faults the page in (or fails with SIGSEGV) but
     /// transfers no data.
@@ -95,6 +163,7 @@ impl AddressSpace {
 impl Space {
     /// Run `copy(frame, offset_in_page, offset_in_buffer, n)` for each page
     /// piece of `addr..addr+len`, faulting where the page table says no.
+    #[inline]
     pub(crate) fn access(
         &self,
         ctx: &Ctx<'_>,
@@ -102,6 +171,22 @@ impl Space {
         addr: u64,
         len: usize,
         access: Access,
+        copy: impl FnMut(Pfn, usize, usize, usize),
+    ) -> Result<()> {
+        self.access_with(ctx, op, addr, len, access, false, copy)
+    }
+
+    /// [`access`](Space::access); with `force`, its faults are forced
+    /// (`fault::handle_forced`: a debugger's access).
+    #[allow(clippy::too_many_arguments)]
+    fn access_with(
+        &self,
+        ctx: &Ctx<'_>,
+        op: Op,
+        addr: u64,
+        len: usize,
+        access: Access,
+        force: bool,
         mut copy: impl FnMut(Pfn, usize, usize, usize),
     ) -> Result<()> {
         let phys = &ctx.env.phys;
@@ -127,6 +212,10 @@ impl Space {
                         phys.page(pfn).touch();
                     }
                     copy(pfn, off, done, n);
+                }
+                Err(_) if force => {
+                    drop(section);
+                    fault::handle_forced(ctx, self, op, a, access, |pfn| copy(pfn, off, done, n))?;
                 }
                 Err(missed) => {
                     // The fault goes on in this section (or ends it first).

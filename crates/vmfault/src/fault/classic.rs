@@ -22,7 +22,7 @@ pub(super) fn fault(ctx: &Ctx<'_>, space: &Space, fault: Fault, f: &mut impl FnM
     let Some(vma) = map.find(fault.addr) else {
         return Err(fault.segv(ctx, SegvCode::MapErr));
     };
-    if !vma.prot.allows(fault.access) {
+    if !fault.allowed_in(vma) {
         return Err(fault.segv(ctx, SegvCode::AccErr));
     }
     let object = if resolve::may_allocate(ctx, vma, &fault) {

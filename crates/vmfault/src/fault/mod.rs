@@ -84,9 +84,23 @@ pub(crate) struct Fault {
     pub(crate) access: Access,
     /// The public operation that faulted (for error messages).
     pub(crate) op: Op,
+    /// An access that ignores the mapping's protection, as a debugger's
+    /// through `/proc/PID/mem` (Linux's `FOLL_FORCE`): see
+    /// [`Fault::allowed_in`]. Only the classic path takes these.
+    pub(crate) force: bool,
 }
 
 impl Fault {
+    /// Whether `vma` allows this fault's access: its protection does, or
+    /// the access is forced and Linux's `check_vma_flags` lets a forced
+    /// one through: a read of any mapping (every mapping here may be
+    /// read: `VM_MAYREAD`), a write of a private one (copy-on-write: the
+    /// page becomes the space's own, its PTE stays read-only), never a
+    /// write of a shared mapping without `PROT_WRITE`.
+    pub(crate) fn allowed_in(&self, vma: &crate::aspace::vma::Vma) -> bool {
+        vma.prot.allows(self.access) || (self.force && (self.access != Access::Write || !vma.is_shared()))
+    }
+
     /// The SIGSEGV this fault ends in.
     pub(crate) fn segv(&self, ctx: &Ctx<'_>, code: SegvCode) -> Error {
         ctx.count(Counter::segv);
@@ -205,7 +219,7 @@ pub(crate) fn handle_looked(
 ) -> Result<()> {
     ctx.count(Counter::faults);
     space.count_fault(ctx);
-    let fault = Fault { addr, access, op };
+    let fault = Fault { addr, access, op, force: false };
     let path = ctx.env.config.fault_path;
     let resolved = match path {
         FaultPath::Speculative => match speculative::fault(ctx, space, fault, looked, &mut f) {
@@ -233,16 +247,42 @@ pub(crate) fn handle_looked(
             classic(ctx, space, fault, &mut f)?
         }
     };
-    ctx.count(match resolved {
-        Resolved::ZeroFill => Counter::zero_fill,
-        Resolved::ZeroPage => Counter::zero_page_maps,
-        Resolved::Mapped => Counter::page_maps,
-        Resolved::Upgraded => Counter::write_upgrades,
-        Resolved::Copied => Counter::cow_faults,
-        Resolved::Raced => Counter::fault_races,
-        Resolved::Retry => unreachable!("the classic path retries"),
-    });
+    ctx.count(resolved.counter());
     Ok(())
+}
+
+/// A forced fault at `addr` (see [`Fault::force`]): the classic path, on
+/// success calling `f` with the frame backing `addr` as [`handle`] does.
+///
+/// Must be called outside any RCU read-side section of this vCPU.
+pub(crate) fn handle_forced(
+    ctx: &Ctx<'_>,
+    space: &Space,
+    op: Op,
+    addr: u64,
+    access: Access,
+    mut f: impl FnMut(Pfn),
+) -> Result<()> {
+    ctx.count(Counter::faults);
+    space.count_fault(ctx);
+    let resolved = classic(ctx, space, Fault { addr, access, op, force: true }, &mut f)?;
+    ctx.count(resolved.counter());
+    Ok(())
+}
+
+impl Resolved {
+    /// The counter of a fault that ended so.
+    fn counter(self) -> Counter {
+        match self {
+            Resolved::ZeroFill => Counter::zero_fill,
+            Resolved::ZeroPage => Counter::zero_page_maps,
+            Resolved::Mapped => Counter::page_maps,
+            Resolved::Upgraded => Counter::write_upgrades,
+            Resolved::Copied => Counter::cow_faults,
+            Resolved::Raced => Counter::fault_races,
+            Resolved::Retry => unreachable!("the classic path retries"),
+        }
+    }
 }
 
 /// A lockless fault that gave up (`why`): count it, trace it, and run the

@@ -247,7 +247,7 @@ pub(super) fn new_page<'p>(
         // The caller reads the file's (or swap's) page in first (or gives up).
         Found::Uncached | Found::Swapped { .. } => return Err(Lack::Io),
     };
-    if !needed || !may_allocate(ctx, vma, fault) || !vma.prot.allows(fault.access) {
+    if !needed || !may_allocate(ctx, vma, fault) || !fault.allowed_in(vma) {
         return Ok(None);
     }
     let o = object.expect("allocating faults have an object");
@@ -370,6 +370,15 @@ pub(super) fn commit_locked(
             return Resolved::Retry;
         }
         page.touch();
+    }
+    // A forced access (a debugger's) to a `PROT_NONE` mapping maps
+    // nothing: the page stays in its object, where the next access finds
+    // it (Linux installs a PTE no user access may use; here `PROT_NONE`
+    // has no PTEs).
+    if vma.prot.is_empty() {
+        debug_assert!(fault.force, "a fault in a PROT_NONE mapping that was not forced");
+        f(pfn);
+        return resolved;
     }
     let exec = vma.prot.contains(Prot::EXEC);
     // A shared file page is mapped writable only by a write fault, which

@@ -220,41 +220,29 @@ impl Model {
             }
             TOp::Read { off, len } => {
                 let mut data = Vec::new();
-                let r =
-                    self.walk(off, len, readable, |m, page, at, n| data.extend_from_slice(&m.bytes(page)[at..at + n]));
+                let r = self.walk(
+                    off,
+                    len,
+                    |p| readable(p.prot),
+                    |m, page, at, n| data.extend_from_slice(&m.bytes(page)[at..at + n]),
+                );
                 Model::visited(off, len, r.map(|f| f.0)).for_each(|p| self.fault_in(p, false));
                 match r {
                     None => Outcome::Data(data),
                     Some((fault, code)) => Outcome::Segv { off: fault as i64, code, data },
                 }
             }
-            TOp::Write { off, len, seed } => {
-                let pat = pattern(seed, len as usize);
-                let mut done = 0;
-                let mut writes = Vec::new();
-                let r = self.walk(off, len, writable, |_, page, at, n| {
-                    writes.push((page, at, done, n));
-                    done += n;
-                });
-                for (page, at, from, n) in writes {
-                    self.store(page, at, &pat[from..from + n]);
-                }
-                Model::visited(off, len, r.map(|f| f.0)).for_each(|p| self.fault_in(p, true));
-                match r {
-                    None => Outcome::Ok,
-                    Some((fault, code)) => Outcome::Segv { off: fault as i64, code, data: Vec::new() },
-                }
-            }
+            TOp::Write { off, len, seed } => self.write(off, len, seed, |p| writable(p.prot)),
             TOp::Touch { off, write } => {
                 let ok = if write { writable } else { readable };
-                let r = self.walk(off, 1, ok, |_, _, _, _| {});
+                let r = self.walk(off, 1, |p| ok(p.prot), |_, _, _, _| {});
                 Model::visited(off, 1, r.map(|f| f.0)).for_each(|p| self.fault_in(p, write));
                 match r {
                     None => Outcome::Ok,
                     Some((fault, code)) => Outcome::Segv { off: fault as i64, code, data: Vec::new() },
                 }
             }
-            TOp::FetchAdd { off, val } => match self.walk(off, 8, writable, |_, _, _, _| {}) {
+            TOp::FetchAdd { off, val } => match self.walk(off, 8, |p| writable(p.prot), |_, _, _, _| {}) {
                 None => {
                     let (page, at) = (off / P, (off % P) as usize);
                     self.fault_in(page, true);
@@ -264,6 +252,32 @@ impl Model {
                 }
                 Some((fault, code)) => Outcome::Segv { off: fault as i64, code, data: Vec::new() },
             },
+            // A debugger's access: any mapped page may be read, a private
+            // one written (copy-on-write); the failure says only where.
+            // Forced reads of a `PROT_NONE` page map nothing (it stays
+            // not resident unless it has a frame); forced writes give the
+            // page a frame of its own, as any write.
+            TOp::ForceRead { off, len } => {
+                let mut data = Vec::new();
+                let r =
+                    self.walk(off, len, |_| true, |m, page, at, n| data.extend_from_slice(&m.bytes(page)[at..at + n]));
+                for p in Model::visited(off, len, r.map(|f| f.0)) {
+                    if self.pages[&p].prot != 0 || matches!(self.pages[&p].backing, Backing::Shared { .. }) {
+                        self.fault_in(p, false);
+                    }
+                }
+                match r {
+                    None => Outcome::Data(data),
+                    Some((fault, _)) => Outcome::Segv { off: fault as i64, code: 0, data },
+                }
+            }
+            TOp::ForceWrite { off, len, seed } => {
+                let ok = |p: &Page| writable(p.prot) || matches!(p.backing, Backing::Private(_));
+                match self.write(off, len, seed, ok) {
+                    Outcome::Segv { off, data, .. } => Outcome::Segv { off, code: 0, data },
+                    out => out,
+                }
+            }
             TOp::Mincore { off, len } => {
                 if !off.is_multiple_of(P) {
                     return Outcome::Err(EINVAL);
@@ -361,11 +375,30 @@ impl Model {
     /// Walk `off..off+len` page by page while `ok(prot)`; `f(model, page,
     /// offset in page, n)` for each accessible piece; the first fault as
     /// (window offset, si_code).
+    /// A store of `pattern(seed, len)` at `off` over the pages `ok` allows.
+    fn write(&mut self, off: u64, len: u64, seed: u8, ok: impl Fn(&Page) -> bool) -> Outcome {
+        let pat = pattern(seed, len as usize);
+        let mut done = 0;
+        let mut writes = Vec::new();
+        let r = self.walk(off, len, ok, |_, page, at, n| {
+            writes.push((page, at, done, n));
+            done += n;
+        });
+        for (page, at, from, n) in writes {
+            self.store(page, at, &pat[from..from + n]);
+        }
+        Model::visited(off, len, r.map(|f| f.0)).for_each(|p| self.fault_in(p, true));
+        match r {
+            None => Outcome::Ok,
+            Some((fault, code)) => Outcome::Segv { off: fault as i64, code, data: Vec::new() },
+        }
+    }
+
     fn walk(
         &self,
         off: u64,
         len: u64,
-        ok: fn(u32) -> bool,
+        ok: impl Fn(&Page) -> bool,
         mut f: impl FnMut(&Model, u64, usize, usize),
     ) -> Option<(u64, i32)> {
         let mut done = 0;
@@ -376,7 +409,7 @@ impl Model {
             let n = ((P as usize) - at).min((len - done) as usize);
             match self.pages.get(&page) {
                 None => return Some((a, 1)),
-                Some(p) if !ok(p.prot) => return Some((a, 2)),
+                Some(p) if !ok(p) => return Some((a, 2)),
                 Some(_) => f(self, page, at, n),
             }
             done += n as u64;
