@@ -215,6 +215,27 @@ unsafe fn proc_mem(write: bool, addr: u64, buf: *mut u8, len: usize) -> usize {
     }
 }
 
+/// Whether this kernel lets a process write its own read-only private
+/// memory through `/proc/self/mem` (ptrace's `FOLL_FORCE`; a kernel may
+/// refuse it: `proc_mem.force_override`). Tried once, on a page of its own.
+pub(crate) fn forces_writes() -> bool {
+    static YES: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *YES.get_or_init(|| {
+        // SAFETY: a fresh private mapping of one page, written only
+        // through /proc/self/mem and unmapped before return.
+        unsafe {
+            let p = libc::mmap(ptr::null_mut(), 4096, libc::PROT_READ, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0);
+            if p == libc::MAP_FAILED {
+                return false;
+            }
+            let mut b = 1u8;
+            let ok = proc_mem(true, p as u64, &raw mut b, 1) == 1 && ptr::read_volatile(p.cast::<u8>()) == 1;
+            libc::munmap(p, 4096);
+            ok
+        }
+    })
+}
+
 /// # Safety
 /// `sh` is the shared region; `src` holds `n` readable bytes.
 unsafe fn push_data(sh: *mut Shared, src: *const u8, n: usize) -> (u64, u64) {

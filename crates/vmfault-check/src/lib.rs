@@ -101,6 +101,11 @@ pub fn check_against_host(ops: &[TOp]) -> Result<(), String> {
 /// everything gives every frame back, and dropping every space every swap
 /// slot and every piece of reverse-map metadata.
 pub fn check_configs(ops: &[TOp], configs: &[Config]) -> Result<(), String> {
+    if ops.iter().any(|op| matches!(op, TOp::ForceWrite { .. })) && !host::forces_writes() {
+        return Err("this host kernel refuses forced writes through /proc/self/mem (its \
+                    proc_mem.force_override or CONFIG_PROC_MEM_*): the forced ops cannot be compared"
+            .into());
+    }
     let files = ops.iter().any(|op| matches!(op, TOp::MmapFile { .. }));
     let host_file = files.then(|| ScratchFile::new("host"));
     let (host, host_maps) = host::run_host(ops, host_file.as_ref().map(|f| &f.file))?;
@@ -186,12 +191,15 @@ fn residency_unknowable(
     let (TOp::Mincore { off, .. }, Outcome::Data(a), Outcome::Data(b)) = (op, got, want) else { return false };
     let mapping = |at: u64| maps.iter().find(|m| m.0 <= at && at < m.1).map(|m| m.2);
     let covered = |o: &TOp, at: u64| match *o {
-        TOp::Madvise { off, len, advice: libc::MADV_PAGEOUT } | TOp::Mprotect { off, len, prot: 0 } => {
-            off <= at && at < (off + len).next_multiple_of(ops::P)
-        }
+        TOp::Madvise { off, len, advice: libc::MADV_PAGEOUT }
+        | TOp::Mprotect { off, len, prot: 0 }
+        | TOp::Mmap { off, len, prot: 0, .. }
+        | TOp::MmapFile { off, len, prot: 0, .. } => off <= at && at < (off + len).next_multiple_of(ops::P),
         _ => false,
     };
-    let was_prot_none = |at: u64| before.iter().any(|o| matches!(o, TOp::Mprotect { .. }) && covered(o, at));
+    // (A mapping made PROT_NONE counts: a forced read maps the zero page
+    // there on the host.)
+    let was_prot_none = |at: u64| before.iter().any(|o| !matches!(o, TOp::Madvise { .. }) && covered(o, at));
     let zero_pte_dropped =
         |at: u64| mapping(at).is_some_and(|perms| perms & 8 == 0 && (forked || perms == 0 || was_prot_none(at)));
     let clean_shmem_dropped = |at: u64| {

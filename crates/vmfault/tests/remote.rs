@@ -43,6 +43,7 @@ fn a_forced_write_breaks_copy_on_write_and_leaves_the_page_read_only() {
         // Still read-only for ordinary stores, and without force a remote
         // write is an ordinary one.
         assert!(matches!(s.write(a, b"y"), Err(Error::Segv { .. })), "{path:?}");
+        assert!(matches!(s.write(a + P + 10, b"z"), Err(Error::Segv { .. })), "{path:?}: the zero page's copy");
         assert!(matches!(s.write_remote(a, b"y", false), Err(Error::Segv { .. })), "{path:?}");
     }
 }
@@ -60,6 +61,8 @@ fn prot_none_is_read_and_written_by_force_and_stays_inaccessible() {
         assert_eq!(&buf, b"kept", "{path:?}");
         s.read_remote(a + P, &mut buf, true).unwrap();
         assert_eq!(buf, [0; 4], "{path:?}: an untouched page reads as zeros");
+        // A forced read maps nothing (not the zero page either).
+        assert!(matches!(s.read(a + P, &mut buf), Err(Error::Segv { .. })), "{path:?}");
         s.write_remote(a + P, b"new!", true).unwrap();
         // Nothing was mapped: ordinary accesses still fault.
         assert!(matches!(s.read(a, &mut buf), Err(Error::Segv { code: SegvCode::AccErr, .. })), "{path:?}");
@@ -93,6 +96,8 @@ fn a_shared_mapping_without_write_permission_is_not_written_by_force() {
         let fp = s.mmap_file(0, P, Prot::READ, MapFlags::PRIVATE, &file.ro(), 0).unwrap();
         s.write_remote(fp, b"xy", true).unwrap();
         assert_eq!(common::files::rd(&s, fp, 3), [b'x', b'y', pattern(3, 3)[2]], "{path:?}");
+        // The page cache (seen through the shared mapping) is untouched.
+        assert_eq!(common::files::rd(&s, fs, 2), pattern(2, 3), "{path:?}: the cached file page changed");
         assert_eq!(file.contents(), pattern(2 * P as usize, 3), "{path:?}: the file changed");
     }
 }
