@@ -73,6 +73,21 @@ pub(crate) enum Resolved {
     Retry,
 }
 
+impl Resolved {
+    /// The counter of a fault that ended so.
+    fn counter(self) -> Counter {
+        match self {
+            Resolved::ZeroFill => Counter::zero_fill,
+            Resolved::ZeroPage => Counter::zero_page_maps,
+            Resolved::Mapped => Counter::page_maps,
+            Resolved::Upgraded => Counter::write_upgrades,
+            Resolved::Copied => Counter::cow_faults,
+            Resolved::Raced => Counter::fault_races,
+            Resolved::Retry => unreachable!("the classic path retries"),
+        }
+    }
+}
+
 /// What faulted: the address, the access and the operation (the inputs
 /// of FreeBSD's `struct faultstate`; the state a fault builds lives in
 /// its path's locals).
@@ -268,21 +283,6 @@ pub(crate) fn handle_forced(
     let resolved = classic(ctx, space, Fault { addr, access, op, force: true }, &mut f)?;
     ctx.count(resolved.counter());
     Ok(())
-}
-
-impl Resolved {
-    /// The counter of a fault that ended so.
-    fn counter(self) -> Counter {
-        match self {
-            Resolved::ZeroFill => Counter::zero_fill,
-            Resolved::ZeroPage => Counter::zero_page_maps,
-            Resolved::Mapped => Counter::page_maps,
-            Resolved::Upgraded => Counter::write_upgrades,
-            Resolved::Copied => Counter::cow_faults,
-            Resolved::Raced => Counter::fault_races,
-            Resolved::Retry => unreachable!("the classic path retries"),
-        }
-    }
 }
 
 /// A lockless fault that gave up (`why`): count it, trace it, and run the
