@@ -13,7 +13,9 @@
 //! `"rcu_no_reader_fence"` (the reader's SeqCst fence removed),
 //! `"rcu_relaxed_entry"` (the section's entry store made Relaxed) or
 //! `"rcu_poll_unseen"` (a polled grace period that does not look whether
-//! the sections it saw have ended) the
+//! the sections it saw have ended), `"rcu_quiescent_blind"` (a quiescence
+//! check that does not look at the readers) or `"rcu_quiescent_no_fence"`
+//! (its SeqCst fence removed) the
 //! models that depend on that piece must fail; they then expect the panic.
 //! `.ci/run` runs every configuration.
 #![cfg(loom)]
@@ -53,6 +55,15 @@ fn synchronize(rcu: &Rcu) {
 fn poll(rcu: &Rcu) {
     let cookie = rcu.cookie();
     while !rcu.poll(cookie) {
+        thread::yield_now();
+    }
+}
+
+/// The writer's wait: `Rcu::quiescent`, asked until no reader is inside a
+/// section (a munmap that finds none frees at once; one that finds one
+/// polls instead, which the model of `poll` covers).
+fn quiescent(rcu: &Rcu) {
+    while !rcu.quiescent() {
         thread::yield_now();
     }
 }
@@ -116,6 +127,25 @@ fn a_polled_grace_period_orders_the_reuse_after_the_section() {
                 w.use_frame_if_mapped();
             },
             poll,
+        );
+    });
+}
+
+/// A writer that frees once it finds no reader inside a section
+/// (`Rcu::quiescent`, which writes nothing shared) is ordered after the
+/// reader's access: it fails when the check does not look at the readers
+/// (`rcu_quiescent_blind`) or when its fence is gone
+/// (`rcu_quiescent_no_fence`: the reader may enter, miss the unmap, and
+/// the writer miss its entry), as with the reader's fence gone.
+#[test]
+fn a_quiescent_check_orders_the_reuse_after_the_section() {
+    vmfault::sync::fails_under(&["rcu_quiescent_blind", "rcu_quiescent_no_fence", "rcu_no_reader_fence"], None, || {
+        model_with(
+            |w, r| {
+                let _section = w.rcu.read_lock(r);
+                w.use_frame_if_mapped();
+            },
+            quiescent,
         );
     });
 }

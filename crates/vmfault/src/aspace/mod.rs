@@ -67,11 +67,11 @@ use vma::{Lookup, Snapshot, SnapshotRef, Vma, VmaFlags, VmaIndex, VmaTree};
 pub(crate) use zones::{HeldView, MapHeld, MapRead, Zones};
 
 /// Retired snapshots that make an operation wait for a grace period.
-const SNAPSHOT_BACKLOG: usize = 32;
+const SNAPSHOT_BACKLOG: usize = 64;
 
 /// Retired snapshots below which an operation does not look for any to
 /// free (looking costs more than the few versions it would free).
-const RECLAIM_BATCH: usize = 8;
+const RECLAIM_BATCH: usize = 32;
 
 /// Snapshots one reclaim gave back: inline up to twice a batch (no heap
 /// allocation in steady state).
@@ -615,7 +615,17 @@ impl Space {
         if retired.is_empty() || (retired.len() < RECLAIM_BATCH && !objects_gone) {
             return;
         }
-        // A polled grace period (no wait): with no other vCPU inside a
+        // No reader inside a section now: everything retired so far can
+        // go, and nothing shared is written to learn it (a poll writes
+        // three lines every vCPU's polls write).
+        let mut done = AgedSnapshots::new();
+        if rcu.reclaim_quiescent(&mut retired, |s| done.push(s)) {
+            self.zones.cpus[slot].snap_zones.store(0, std::sync::atomic::Ordering::Relaxed);
+            drop(retired);
+            self.drop_aged(ctx, done);
+            return;
+        }
+        // Else a polled grace period (no wait): with no other vCPU inside a
         // section, everything retired so far ages at once, and the objects
         // of removed mappings end with no wait either. For the newest
         // cookie, not the last entry's: snapshots taken over from other
@@ -633,7 +643,6 @@ impl Space {
             if !rcu.elapsed(retired[0].cookie()) {
                 return;
             }
-            let mut done = AgedSnapshots::new();
             rcu.reclaim_each(&mut retired, false, |s| done.push(s));
             if retired.is_empty() {
                 self.zones.cpus[slot].snap_zones.store(0, std::sync::atomic::Ordering::Relaxed);
@@ -726,7 +735,8 @@ impl Space {
     /// spares.
     pub(crate) fn drop_removed(&self, ctx: &Ctx<'_>, removed: vma::Removed, unlinked: crate::sync::rcu::GpCookie) {
         let ends = || removed.iter().any(|v| v.object.get().is_some());
-        if ctx.env.rcu.elapsed(unlinked) || (ends() && ctx.env.rcu.poll(unlinked)) {
+        let rcu = &ctx.env.rcu;
+        if rcu.elapsed(unlinked) || (ends() && (rcu.quiescent() || rcu.poll(unlinked))) {
             aged(ctx, || removed.into_iter().for_each(spares::release_vma));
         } else {
             removed.into_iter().for_each(spares::release_vma);

@@ -318,7 +318,7 @@ impl PhysMem {
         match &self.deferred {
             Some(d) => {
                 let cookie = rcu.cookie();
-                if rcu.poll(cookie) {
+                if rcu.quiescent() || rcu.poll(cookie) {
                     self.give_aged(frames);
                 } else {
                     d.push(d.unowned(), cookie, frames.to_vec());

@@ -348,7 +348,9 @@ impl<'a> Frames<'a> {
             return;
         }
         let cookie = cpu.rcu.cookie();
-        let aged = cpu.rcu.poll(cookie);
+        // No reader inside a section: aged now, learnt with no shared
+        // write; else a polled grace period.
+        let aged = cpu.rcu.quiescent() || cpu.rcu.poll(cookie);
         if let Some(d) = &phys.deferred {
             // free_path=deferred: no wait here. What this vCPU queued
             // before and has aged since comes back first.

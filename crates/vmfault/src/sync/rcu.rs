@@ -123,8 +123,9 @@ pub struct Rcu {
     /// Acquire in `elapsed`).
     gp_done: CachePadded<AtomicU64>,
     /// `[L]` the grace period [`Rcu::poll`] moves on, under its own mutex: a
-    /// leaf that is only ever try-locked (nobody waits for it).
-    polled: super::Mutex<Polled>,
+    /// leaf that is only ever try-locked (nobody waits for it), on a line
+    /// of its own (`slots` and `id` are read by every section).
+    polled: CachePadded<super::Mutex<Polled>>,
 }
 
 /// A grace period that [`Rcu::poll`] runs a step at a time, never waiting.
@@ -260,7 +261,11 @@ impl Rcu {
             id: owner,
             gp_started: CachePadded(AtomicU64::new(0)),
             gp_done: CachePadded(AtomicU64::new(0)),
-            polled: super::Mutex::new(Polled { seq: 0, seen: vec![0; readers].into_boxed_slice(), left: 0 }),
+            polled: CachePadded(super::Mutex::new(Polled {
+                seq: 0,
+                seen: vec![0; readers].into_boxed_slice(),
+                left: 0,
+            })),
         };
         (rcu, handles)
     }
@@ -410,6 +415,44 @@ impl Rcu {
             }
         }
         false
+    }
+
+    /// Whether no reader is inside a read-side section now: then whatever
+    /// the caller unlinked before this call can be freed (a grace period
+    /// of the caller's own, with no reader to wait for). Unlike
+    /// [`poll`](Rcu::poll) it writes nothing shared (it only reads the
+    /// readers' counters), and records nothing: `elapsed` does not learn
+    /// of it. Called inside a section of the caller's own, it answers
+    /// false.
+    pub fn quiescent(&self) -> bool {
+        if crate::mutated!("rcu_quiescent_blind") {
+            // Mutation for the loom model: never look at the readers.
+            return true;
+        }
+        // Orders the caller's unlinks before the loads; pairs with the
+        // fence in `read_lock` (a reader entering after this sees them).
+        if !crate::mutated!("rcu_quiescent_no_fence") {
+            fence(Ordering::SeqCst);
+        }
+        // Acquire pairs with the Release store that ends a section.
+        self.slots.iter().all(|slot| slot.count.load(Ordering::Acquire) & 1 == 0)
+    }
+
+    /// If no reader is inside a section ([`quiescent`](Rcu::quiescent)),
+    /// take back every object of `list` (all were retired before this
+    /// call), giving each to `take`, and return true; else leave the list.
+    #[allow(unsafe_code)]
+    pub fn reclaim_quiescent<T>(&self, list: &mut Vec<Retired<T>>, mut take: impl FnMut(T)) -> bool {
+        assert!(list.iter().all(|r| r.rcu == self.id()), "Retired of another Rcu");
+        if !self.quiescent() {
+            return false;
+        }
+        for mut r in list.drain(..) {
+            // SAFETY: taken exactly once; `r` is dropped right after
+            // without touching `item` (`Retired` has no drop glue for it).
+            take(unsafe { ManuallyDrop::take(&mut r.item) });
+        }
+        true
     }
 
     /// Whether a full grace period has elapsed since `cookie` was taken
