@@ -302,6 +302,16 @@ impl Space {
             return Some(Err(e));
         }
         let (mut high, mut detours) = (MMAP_BASE, 0);
+        let slot = ctx.index.min(self.zones.cpus.len() - 1);
+        if hint == 0 && self.zones.others_changing(slot) {
+            // Another change is in flight: this vCPU's own zone, below
+            // Linux's, a page short of its end (a change locks the zone
+            // of the byte after its range).
+            let linux = self.zones.zone_of(MMAP_BASE - 1);
+            if let Some(home) = self.zones.home_below(linux, slot) {
+                high = self.zones.end_of(home) - crate::types::PAGE_SIZE;
+            }
+        }
         loop {
             let start = {
                 let section = ctx.rcu_read();

@@ -48,6 +48,8 @@ mod zones;
 #[cfg(all(test, not(loom)))]
 mod ends_tests;
 #[cfg(all(test, not(loom)))]
+mod placement_tests;
+#[cfg(all(test, not(loom)))]
 mod second_tests;
 
 use std::sync::{Arc, RwLockWriteGuard};
@@ -414,19 +416,21 @@ impl Space {
     /// Take the map lock of the zones of `start..end` for reading (counted).
     pub(crate) fn map_read(&self, ctx: &Ctx<'_>, start: u64, end: u64) -> MapRead<'_> {
         ctx.count(Counter::map_lock_acquisitions);
-        self.map_read_uncounted(start, end)
+        let (first, last) = self.zones.span(start, end);
+        let slot = ctx.index.min(self.zones.cpus.len() - 1);
+        HeldView::new(&self.zones, self.zones.read(first, last), Some(slot))
     }
 
     /// Take the map lock of the zones of `start..end` for reading, not
     /// counted (statistics, and callers without a vCPU).
     pub(crate) fn map_read_uncounted(&self, start: u64, end: u64) -> MapRead<'_> {
         let (first, last) = self.zones.span(start, end);
-        HeldView { zones: &self.zones, held: self.zones.read(first, last) }
+        HeldView::new(&self.zones, self.zones.read(first, last), None)
     }
 
     /// Take the map lock of every zone for reading, not counted.
     pub(crate) fn map_read_all(&self) -> MapRead<'_> {
-        HeldView { zones: &self.zones, held: self.zones.read(0, self.zones.len() - 1) }
+        HeldView::new(&self.zones, self.zones.read(0, self.zones.len() - 1), None)
     }
 
     /// A write guard over `held`, for the vCPU of `ctx` (counted).
@@ -438,7 +442,7 @@ impl Space {
         ctx.count(Counter::map_lock_acquisitions);
         ctx.count(Counter::map_lock_writes);
         let slot = ctx.index.min(self.zones.cpus.len() - 1);
-        MapWrite { space: self, view: HeldView { zones: &self.zones, held }, changed: [0; 4], slot, added: 0 }
+        MapWrite { space: self, view: HeldView::new(&self.zones, held, Some(slot)), changed: [0; 4], slot, added: 0 }
     }
 
     /// Take the map lock of every zone of a space nobody else can reach

@@ -45,6 +45,9 @@ impl Space {
         if end == addr {
             return Err(Error::inval(op, "length is zero", len));
         }
+        // In flight until the frees are done, not only while the lock is
+        // held: what other vCPUs' unhinted mmaps look at (`zones.rs`).
+        let _busy = self.zones.busy(ctx.index.min(self.zones.cpus.len() - 1));
         let mut g = Gather::default();
         let carved = {
             let mut map = self.map_write(ctx, addr, end);

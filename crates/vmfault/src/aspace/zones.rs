@@ -35,6 +35,15 @@
 //! gap below that zone instead (contention-aware placement, as CortenMM's);
 //! the address is Linux's whenever no other change is in flight.
 //!
+//! While another vCPU's change is in flight (it holds map write locks:
+//! `Zones::changing`, read for the slots in `Zones::changers` only), an
+//! unhinted mmap goes straight to a zone of its vCPU's own below Linux's
+//! (`Zones::home_below`), instead of trying Linux's zone first: vCPUs
+//! that map and unmap at once (will-it-scale's mmap1 and malloc1) then
+//! each work in a zone of their own, and neither the lock, the index, the
+//! snapshot nor the page tables of one are written by the other. With no
+//! other change in flight the address is Linux's, as above.
+//!
 //! # Lock order
 //! Zone map locks nest in ascending address order only: every function
 //! that takes more than one (`Zones::write`, `try_write`, `read`,
@@ -148,6 +157,16 @@ pub(crate) struct Zones {
     /// yet (Linux's `percpu_counter`: written once per `COUNT_BATCH`
     /// changes of a slot's count, not by every change).
     vmas: CachePadded<AtomicIsize>,
+    /// `[a]` the vCPU slots that have changed the space, bit `i % 64` of
+    /// word `i / 64` for slot `i` (Linux's `mm_cpumask`, for changes: set
+    /// once per slot, so read-mostly): whose `changing` an unhinted mmap
+    /// looks at.
+    changers: CachePadded<Box<[std::sync::atomic::AtomicU64]>>,
+    /// `[a]` per vCPU slot, the operations its threads have in flight (map
+    /// lock holds, whole munmaps: see "Placement"), each on a line of its
+    /// own: read by other vCPUs' unhinted mmaps, which must not take the
+    /// line of the slot's other fields away from it.
+    changing: Box<[CachePadded<std::sync::atomic::AtomicU32>]>,
 }
 
 /// How far a vCPU slot's count may drift before it moves to the space's.
@@ -165,7 +184,61 @@ impl Zones {
             zones: (0..n).map(|_| zone()).collect(),
             cpus: (0..=slots).map(|_| CachePadded(SpaceCpu::default())).collect(),
             vmas: CachePadded(AtomicIsize::new(0)),
+            changers: CachePadded((0..(slots + 1).div_ceil(64)).map(|_| Default::default()).collect()),
+            changing: (0..=slots).map(|_| CachePadded::default()).collect(),
         }
+    }
+
+    /// Note that slot `slot` starts a change (a map write hold).
+    #[inline]
+    pub(super) fn change_begins(&self, slot: usize) {
+        let word = &self.changers[slot / 64];
+        let bit = 1u64 << (slot % 64);
+        if word.load(Ordering::Relaxed) & bit == 0 {
+            word.fetch_or(bit, Ordering::Relaxed);
+        }
+        self.changing[slot].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Note that slot `slot` ends a change [`change_begins`](Self::change_begins) noted.
+    #[inline]
+    pub(super) fn change_ends(&self, slot: usize) {
+        self.changing[slot].fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Count an operation of vCPU slot `slot` as in flight until the guard
+    /// drops (a whole `munmap`, its frees after the lock included).
+    pub(super) fn busy(&self, slot: usize) -> Busy<'_> {
+        self.change_begins(slot);
+        Busy { zones: self, slot }
+    }
+
+    /// Whether a slot other than `slot` has a change in flight (a hint,
+    /// read with no lock: placement's, see "Placement"). Reads the
+    /// `changing` word of each slot that ever changed the space.
+    pub(super) fn others_changing(&self, slot: usize) -> bool {
+        self.changers.iter().enumerate().any(|(w, word)| {
+            let mut bits = word.load(Ordering::Relaxed);
+            if slot / 64 == w {
+                bits &= !(1u64 << (slot % 64));
+            }
+            while bits != 0 {
+                let i = w * 64 + bits.trailing_zeros() as usize;
+                if self.changing[i].load(Ordering::Relaxed) != 0 {
+                    return true;
+                }
+                bits &= bits - 1;
+            }
+            false
+        })
+    }
+
+    /// The zone an unhinted mmap of slot `slot` takes while another
+    /// change is in flight: one of its own below the zone of Linux's
+    /// addresses (`linux`), so vCPUs mapping at once work in different
+    /// zones (none if `linux` is the first).
+    pub(super) fn home_below(&self, linux: usize, slot: usize) -> Option<usize> {
+        (linux > 0).then(|| linux - 1 - slot % linux)
     }
 
     /// Whether there is more than one zone.
@@ -313,6 +386,18 @@ impl super::Space {
         let prev = vma.start.checked_sub(1).and_then(look).filter(|p| p.end == vma.start);
         let next = look(vma.end).filter(|n| n.start == vma.end);
         (prev, next)
+    }
+}
+
+/// An operation in flight on a vCPU slot ([`Zones::busy`]).
+pub(super) struct Busy<'a> {
+    zones: &'a Zones,
+    slot: usize,
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.zones.change_ends(self.slot);
     }
 }
 
@@ -469,6 +554,28 @@ pub(crate) fn prev_of_held(m: &impl MapHeld, addr: u64) -> Option<&Arc<Vma>> {
 pub(crate) struct HeldView<'a, G> {
     pub(super) zones: &'a Zones,
     pub(super) held: Held<G>,
+    /// The vCPU slot whose `Zones::changing` counts this hold (a hold
+    /// taken for a vCPU's operation; none for statistics).
+    pub(super) busy: Option<usize>,
+}
+
+impl<'a, G> HeldView<'a, G> {
+    /// A view of `held`, counted as an operation in flight of vCPU slot
+    /// `busy` (if any) until it is dropped (see "Placement").
+    pub(super) fn new(zones: &'a Zones, held: Held<G>, busy: Option<usize>) -> Self {
+        if let Some(slot) = busy {
+            zones.change_begins(slot);
+        }
+        HeldView { zones, held, busy }
+    }
+}
+
+impl<G> Drop for HeldView<'_, G> {
+    fn drop(&mut self) {
+        if let Some(slot) = self.busy {
+            self.zones.change_ends(slot);
+        }
+    }
 }
 
 impl<G: Deref<Target = VmaTree>> Lookup for HeldView<'_, G> {

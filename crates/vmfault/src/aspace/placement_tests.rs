@@ -1,0 +1,60 @@
+//! Where an unhinted mmap lands while another vCPU is inside an operation
+//! on the space (`zones.rs`, "Placement"): in a zone of the mapping vCPU's
+//! own below Linux's; with nothing else in flight, at Linux's address.
+
+use std::sync::mpsc;
+
+use super::layout::MMAP_BASE;
+use crate::config::{MapLock, VmConfig};
+use crate::machine::Vm;
+use crate::types::{MapFlags, Prot};
+
+const LEN: u64 = 128 << 20;
+
+fn vm(map_lock: MapLock) -> Vm {
+    Vm::new(VmConfig { phys_bytes: 16 << 20, cpus: 2, prefault: false, map_lock, ..VmConfig::default() }).unwrap()
+}
+
+fn map(space: &crate::AddressSpace) -> u64 {
+    space.mmap(0, LEN, Prot::READ | Prot::WRITE, MapFlags::PRIVATE | MapFlags::ANONYMOUS).unwrap()
+}
+
+/// Run `f` while another vCPU holds the map lock of `at`'s zone for reading.
+fn with_another_inside<R>(vm: &Vm, space: &crate::AddressSpace, at: u64, f: impl FnOnce() -> R) -> R {
+    let (inside_tx, inside_rx) = mpsc::channel();
+    let (leave_tx, leave_rx) = mpsc::channel::<()>();
+    let (other, s) = (vm.clone(), space.s.clone());
+    let t = std::thread::spawn(move || {
+        let _cpu = other.attach().unwrap();
+        other.with_ctx(|ctx| {
+            let _held = s.map_read(ctx, at, at + 1);
+            inside_tx.send(()).unwrap();
+            let _ = leave_rx.recv();
+        });
+    });
+    inside_rx.recv().unwrap();
+    let r = f();
+    drop(leave_tx);
+    t.join().unwrap();
+    r
+}
+
+#[test]
+fn an_unhinted_mmap_takes_its_own_zone_only_while_another_vcpu_is_in_flight() {
+    let vm = vm(MapLock::Zoned);
+    let space = vm.new_space().unwrap();
+    let cpu = vm.attach().unwrap();
+    let first = map(&space);
+    assert_eq!(first, MMAP_BASE - LEN, "nothing else in flight: Linux's address");
+    let zones = &space.s.zones;
+    let linux = zones.zone_of(MMAP_BASE - 1);
+    let home = zones.home_below(linux, cpu.cpu()).unwrap();
+    // The other vCPU works far away, in a zone of its own: still in flight.
+    let busy = with_another_inside(&vm, &space, 1 << 40, || map(&space));
+    assert_eq!(zones.zone_of(busy), home, "in flight elsewhere: this vCPU's own zone ({busy:#x})");
+    assert_eq!(busy + LEN, zones.end_of(home) - crate::types::PAGE_SIZE, "at its top, a page short");
+    // Done: Linux's address again (below the first mapping).
+    assert_eq!(map(&space), first - LEN);
+    // This vCPU's own operations never count against it.
+    assert_eq!(map(&space), first - 2 * LEN);
+}
