@@ -36,6 +36,11 @@ pub struct RoundResult {
     pub cpu_seconds: f64,
     /// vmfault counters accumulated during the round (empty for the host).
     pub counters: BTreeMap<String, u64>,
+    /// The cache-line round trip between the first two workers' CPUs just
+    /// before the round, nanoseconds ([`line_round_trip_ns`]; rounds of two
+    /// or more threads).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub line_round_trip_ns: Option<f64>,
 }
 
 impl RoundResult {
@@ -74,6 +79,49 @@ fn pin(i: usize) {
         libc::CPU_SET(i % n, &mut set);
         libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
     }
+}
+
+/// The time a cache line takes to go from the first worker's CPU to the
+/// second's and back (two threads pinned as workers 0 and 1 pass a counter
+/// back and forth), nanoseconds: what every line two vCPUs both write costs
+/// them. On a virtual machine it moves when the hypervisor moves the vCPUs
+/// (on the 2-core machine, 55-70 ns on one core complex and 340-390 ns
+/// across two, for seconds at a time), and every figure that depends on
+/// shared lines moves with it. None with fewer than two CPUs.
+pub fn line_round_trip_ns() -> Option<f64> {
+    const TRIPS: u64 = 20_000;
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        return None;
+    }
+    #[repr(align(128))]
+    struct Line(AtomicU64);
+    let line = Line(AtomicU64::new(0));
+    let seconds = std::thread::scope(|s| {
+        let line = &line;
+        s.spawn(move || {
+            pin(1);
+            for i in 0..TRIPS {
+                while line.0.load(Ordering::Acquire) != 2 * i + 1 {
+                    std::hint::spin_loop();
+                }
+                line.0.store(2 * i + 2, Ordering::Release);
+            }
+        });
+        s.spawn(move || {
+            pin(0);
+            let t0 = Instant::now();
+            for i in 0..TRIPS {
+                line.0.store(2 * i + 1, Ordering::Release);
+                while line.0.load(Ordering::Acquire) != 2 * i + 2 {
+                    std::hint::spin_loop();
+                }
+            }
+            t0.elapsed().as_secs_f64()
+        })
+        .join()
+        .expect("the timing thread does not panic")
+    });
+    Some(seconds * 1e9 / TRIPS as f64)
 }
 
 /// Counter deltas between two snapshots of vmfault's statistics.
@@ -197,7 +245,14 @@ fn finish(
     seconds: f64,
     per_worker: Vec<WorkerResult>,
 ) -> Result<RoundResult, OpError> {
-    let mut r = RoundResult { ops: 0, faults: 0, seconds, cpu_seconds: 0.0, counters: counter_delta(&before, &after) };
+    let mut r = RoundResult {
+        ops: 0,
+        faults: 0,
+        seconds,
+        cpu_seconds: 0.0,
+        counters: counter_delta(&before, &after),
+        line_round_trip_ns: None,
+    };
     for (done, cpu, minflt, heap) in per_worker {
         let done = done?;
         r.ops += done.ops;
@@ -435,6 +490,7 @@ fn pft_round<T: Target>(
         seconds: wall,
         cpu_seconds: 0.0,
         counters: counter_delta(&before, &after),
+        line_round_trip_ns: None,
     };
     for (cpu, minflt, err) in per_thread {
         if let Some(e) = err {

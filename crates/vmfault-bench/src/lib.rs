@@ -345,6 +345,8 @@ fn measure_point(
                 continue;
             }
             let secs = if warmup { plan.warmup_secs } else { plan.round_secs };
+            // Untimed, right before the round: what a shared line costs now.
+            let trip = if threads >= 2 && !warmup { harness::line_round_trip_ns() } else { None };
             let r = match &vms[i] {
                 Some(vm) => {
                     let r = VmTarget::new(vm).and_then(|t| harness::round(w, &t, threads, secs, sizes, s.mode));
@@ -355,7 +357,7 @@ fn measure_point(
                 None => harness::round(w, &HostTarget, threads, secs, sizes, s.mode),
             };
             match r {
-                Ok(r) if !warmup => rounds[i].push(r),
+                Ok(r) if !warmup => rounds[i].push(RoundResult { line_round_trip_ns: trip, ..r }),
                 Ok(_) => {}
                 Err(e) => {
                     observe(Event::Note(format!("{} x{threads} {}: {e}", w.name(), s.label)));

@@ -121,6 +121,11 @@ pub struct Row {
     pub frame_adjacency: Option<f64>,
     /// Raw counter totals over all rounds.
     pub counters: BTreeMap<String, u64>,
+    /// Min/median/max over the rounds of the cache-line round trip between
+    /// the first two workers' CPUs, nanoseconds (rows of two or more
+    /// threads: `harness::line_round_trip_ns`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub line_round_trip_ns: Option<Spread>,
     /// Every round.
     pub rounds: Vec<RoundResult>,
     /// Zero-fill rows: the bytes each thread zeroes over and over.
@@ -220,6 +225,8 @@ pub(crate) fn row(
     let allocs = counters.get("frame_allocs").copied().unwrap_or(0);
     let frame_adjacency =
         (allocs > 0).then(|| counters.get("frames_adjacent").copied().unwrap_or(0) as f64 / allocs as f64);
+    let trips: Vec<f64> = rounds.iter().filter_map(|r| r.line_round_trip_ns).collect();
+    let line_round_trip_ns = Spread::of(&trips);
     Row {
         workload,
         system: system.to_string(),
@@ -237,6 +244,7 @@ pub(crate) fn row(
         per_op,
         frame_adjacency,
         counters,
+        line_round_trip_ns,
         rounds,
         footprint_bytes: None,
         error,
@@ -388,7 +396,14 @@ mod tests {
     use super::*;
 
     fn rr(ops: u64, secs: f64) -> RoundResult {
-        RoundResult { ops, faults: ops, seconds: secs, cpu_seconds: secs, counters: BTreeMap::new() }
+        RoundResult {
+            ops,
+            faults: ops,
+            seconds: secs,
+            cpu_seconds: secs,
+            counters: BTreeMap::new(),
+            line_round_trip_ns: None,
+        }
     }
 
     #[test]

@@ -80,6 +80,14 @@ pub(crate) fn render(results: &Results, plan: &Plan) -> String {
             human(z * 4096.0 / 1e6)
         );
     }
+    let trips: Vec<f64> = results.rows.iter().flat_map(|r| &r.rounds).filter_map(|r| r.line_round_trip_ns).collect();
+    if let Some(t) = vmfault_bench::Spread::of(&trips) {
+        let _ = writeln!(
+            out,
+            "cache-line round trip between the first two workers' CPUs, before each round of 2+ threads: {:.0} ns ({:.0}..{:.0}); every line vCPUs share costs that",
+            t.median, t.min, t.max
+        );
+    }
     out.push('\n');
     let header = [
         "workload",
