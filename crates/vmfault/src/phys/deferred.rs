@@ -236,8 +236,9 @@ impl Deferred {
         }
         if all {
             // Not under the list's mutex (a leaf: never held across a
-            // grace period).
-            rcu.synchronize();
+            // grace period). Polled first: no wait when no reader is
+            // inside a section.
+            rcu.grace_period();
         }
         let (aged, _dropping) = {
             let mut q = crate::sync::rank::lock(&l.drops, crate::sync::rank::Rank::Leaf);
