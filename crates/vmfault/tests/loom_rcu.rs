@@ -139,7 +139,8 @@ fn a_polled_grace_period_orders_the_reuse_after_the_section() {
 /// the writer miss its entry), as with the reader's fence gone.
 #[test]
 fn a_quiescent_check_orders_the_reuse_after_the_section() {
-    vmfault::sync::fails_under(&["rcu_quiescent_blind", "rcu_quiescent_no_fence", "rcu_no_reader_fence"], None, || {
+    let race = Some("Causality violation");
+    vmfault::sync::fails_under(&["rcu_quiescent_blind", "rcu_quiescent_no_fence", "rcu_no_reader_fence"], race, || {
         model_with(
             |w, r| {
                 let _section = w.rcu.read_lock(r);

@@ -61,7 +61,7 @@ use crate::phys::Pfn;
 use crate::pmap::Pmap;
 use crate::stats::Counter;
 use crate::sync::rank::{self, Rank, Ranked};
-use crate::sync::rcu::RcuReadGuard;
+use crate::sync::rcu::{Quiet, RcuReadGuard};
 use crate::types::MappingInfo;
 pub use hold::PageHold;
 pub use usage::{FileRange, MappingUsage};
@@ -554,24 +554,51 @@ impl Space {
     /// for none), or too many pending, and a poll that does not
     /// complete, it waits for one (with `free_path=deferred`, queues them on
     /// this vCPU's deferred list instead, dropped at its next change once
-    /// aged: no wait).
-    pub(crate) fn finish(&self, ctx: &Ctx<'_>, g: Gather) {
+    /// aged: no wait). Returns the proof of a look at the readers, taken
+    /// after every unlink of the change, that found none inside a section,
+    /// if it looked and found none (for what the caller frees after).
+    pub(crate) fn finish(&self, ctx: &Ctx<'_>, g: Gather) -> Option<Quiet> {
         let Gather { mut frames, ptes, shared, gone } = g;
         let objects_gone = gone != 0;
         frames.extend(ctx.m.take_orphans());
         let frames = &frames[..];
+        let rcu = &self.vm.m.rcu;
+        let slot = ctx.index.min(self.zones.cpus.len() - 1);
+        if objects_gone {
+            // Another vCPU's retired snapshots may be what keeps the
+            // removed objects alive: take them over (their lists are only
+            // touched if they may hold snapshots of those zones, and only
+            // tried). First: the one look at the readers below must come
+            // after every entry it frees was retired.
+            self.take_retired_of_others(slot, gone);
+        }
+        // One look at the readers for the whole change, after all its
+        // unlinks (every PTE zapped, every old snapshot retired, the frames
+        // and snapshots gathered): each look reads every other vCPU's RCU
+        // counter, a line its owner writes at every section.
+        let mut quiet: Option<Option<Quiet>> = None;
+        let look = |quiet: &mut Option<Option<Quiet>>| *quiet.get_or_insert_with(|| rcu.quiet());
         if self.vm.m.phys.deferred.is_some() {
             // free_path=deferred: the frames are reused only after their
             // grace period, so a store still in flight through a cleared
             // private PTE lands in a page nobody can see or reuse before it
             // ends (narrowed PTEs had their shootdown under the map lock).
             // Pages of shared mappings live on where others see them: for
-            // those the operation still waits, as Linux's TLB flush does.
+            // those the operation still waits, as Linux's TLB flush does
+            // (unless no reader is inside a section: then none can hold them).
             if shared > 0 {
                 ctx.count(Counter::tlb_shootdowns);
-                self.vm.m.rcu.grace_period();
+                if look(&mut quiet).is_none() {
+                    rcu.grace_period();
+                }
             }
-            ctx.frames().free_after_grace(frames);
+            if !frames.is_empty() {
+                if look(&mut quiet).is_some() {
+                    ctx.frames().free_aged(frames);
+                } else {
+                    ctx.frames().free_after_grace(frames);
+                }
+            }
         } else if ptes > 0 || !frames.is_empty() {
             ctx.count(Counter::tlb_shootdowns);
             if frames.is_empty() {
@@ -580,7 +607,6 @@ impl Space {
                 ctx.frames().free_after_grace(frames);
             }
         }
-        let rcu = &self.vm.m.rcu;
         if let Some(d) = &self.vm.m.phys.deferred {
             // What this vCPU queued before and has aged since (no wait),
             // as `drop_aged` drops them: the retired snapshots (queued by
@@ -606,28 +632,31 @@ impl Space {
                 drop(others);
             });
         }
-        let slot = ctx.index.min(self.zones.cpus.len() - 1);
         let (mine, pending) = (&self.zones.cpus[slot].retired, &self.zones.cpus[slot].pending);
-        if objects_gone {
-            // Another vCPU's retired snapshots may be what keeps the
-            // removed objects alive: take them over (their lists are only
-            // touched if they may hold snapshots of those zones, and only
-            // tried).
-            self.take_retired_of_others(slot, gone);
-        }
         let mut retired = rank::lock(mine, Rank::Leaf);
         if retired.is_empty() || (retired.len() < RECLAIM_BATCH && !objects_gone) {
-            return;
+            return quiet.flatten();
         }
-        // No reader inside a section now: everything retired so far can
-        // go, and nothing shared is written to learn it (a poll writes
-        // three lines every vCPU's polls write).
+        // No reader inside a section: everything retired so far can go,
+        // and nothing shared is written to learn it (a poll writes three
+        // lines every vCPU's polls write). A vCPU's own list holds only
+        // what this thread pushed or took over before the look; the slot
+        // of unattached threads is pushed to by several, so it looks again
+        // under the list's lock.
         let mut done = AgedSnapshots::new();
-        if rcu.reclaim_quiescent(&mut retired, |s| done.push(s)) {
+        let own = slot < self.zones.cpus.len() - 1;
+        let reclaimed = match look(&mut quiet) {
+            Some(proof) if own => {
+                rcu.reclaim_quiet(&mut retired, proof, |s| done.push(s));
+                true
+            }
+            _ => rcu.reclaim_quiescent(&mut retired, |s| done.push(s)),
+        };
+        if reclaimed {
             self.zones.cpus[slot].snap_zones.store(0, std::sync::atomic::Ordering::Relaxed);
             drop(retired);
             self.drop_aged(ctx, done);
-            return;
+            return quiet.flatten();
         }
         // Else a polled grace period (no wait): with no other vCPU inside a
         // section, everything retired so far ages at once, and the objects
@@ -645,7 +674,7 @@ impl Space {
             // The list is in retirement order but for the rare re-appended
             // tail, so if the oldest has not aged, nothing has.
             if !rcu.elapsed(retired[0].cookie()) {
-                return;
+                return quiet.flatten();
             }
             rcu.reclaim_each(&mut retired, false, |s| done.push(s));
             if retired.is_empty() {
@@ -653,7 +682,7 @@ impl Space {
             }
             drop(retired);
             self.drop_aged(ctx, done);
-            return;
+            return quiet.flatten();
         }
         let mut list = std::mem::take(&mut *retired);
         pending.store(false, std::sync::atomic::Ordering::Relaxed);
@@ -667,7 +696,7 @@ impl Space {
             // (`phys::deferred`).
             let boxed = list.into_iter().map(|r| r.map(|s| Box::new(s) as Box<dyn std::any::Any + Send>)).collect();
             d.push_drops(ctx.index.min(d.unowned()), boxed);
-            return;
+            return quiet.flatten();
         }
         // Wait for a grace period, without the lock (writers push to it
         // while holding the map lock).
@@ -680,6 +709,7 @@ impl Space {
             pending.store(true, std::sync::atomic::Ordering::Relaxed);
         }
         self.drop_aged(ctx, done);
+        quiet.flatten()
     }
 
     /// Move the retired snapshots of every other vCPU slot that may hold
@@ -729,18 +759,26 @@ impl Space {
     /// Drop the VMAs a change removed (their objects may end here), after
     /// its `finish`. `unlinked`: a cookie taken once every unlink of the
     /// change was done (the VMAs retired from the index and the snapshot
-    /// that named them, their PTEs zapped). If a grace period has passed
-    /// since (the change's shootdown, or its wait for the snapshots; else
-    /// one polled here, if an object may end), the objects' frames go to
+    /// that named them, their PTEs zapped). `quiet`: `finish`'s look,
+    /// after those unlinks, that found no reader inside a section. If a
+    /// grace period has passed since (that look, the change's shootdown, or
+    /// its wait for the snapshots; else a look or a poll here, if an object
+    /// may end), the objects' frames go to
     /// this vCPU's cache at once, as in `drop_aged`; else each object frees
     /// its own after a grace period (rare: the retired snapshot that named
     /// a removed VMA usually keeps it, and its object, alive until `finish`
     /// drops it aged). Records nobody else holds become this thread's
     /// spares.
-    pub(crate) fn drop_removed(&self, ctx: &Ctx<'_>, removed: vma::Removed, unlinked: crate::sync::rcu::GpCookie) {
+    pub(crate) fn drop_removed(
+        &self,
+        ctx: &Ctx<'_>,
+        removed: vma::Removed,
+        unlinked: crate::sync::rcu::GpCookie,
+        quiet: Option<Quiet>,
+    ) {
         let ends = || removed.iter().any(|v| v.object.get().is_some());
         let rcu = &ctx.env.rcu;
-        if rcu.elapsed(unlinked) || (ends() && (rcu.quiescent() || rcu.poll(unlinked))) {
+        if quiet.is_some() || rcu.elapsed(unlinked) || (ends() && (rcu.quiescent() || rcu.poll(unlinked))) {
             aged(ctx, || removed.into_iter().for_each(spares::release_vma));
         } else {
             removed.into_iter().for_each(spares::release_vma);

@@ -72,9 +72,10 @@ impl Space {
         let unlinked = ctx.env.rcu.cookie();
         let geo = self.zones.geo();
         g.gone = carved.iter().filter(|v| v.object.get().is_some()).fold(0, |m, v| m | geo.zone_bits(v.start, v.end));
-        self.finish(ctx, g);
+        // Removed VMAs were unlinked before `finish`'s look at the readers.
+        let quiet = self.finish(ctx, g);
         self.write_back_removed(ctx, &carved);
-        self.drop_removed(ctx, carved, unlinked);
+        self.drop_removed(ctx, carved, unlinked, quiet);
     }
 
     /// Reserve what removing the private pages of `start..end` will need

@@ -35,8 +35,11 @@
 //! gap below that zone instead (contention-aware placement, as CortenMM's);
 //! the address is Linux's whenever no other change is in flight.
 //!
-//! While another vCPU's change is in flight (it holds map write locks:
-//! `Zones::changing`, read for the slots in `Zones::changers` only), an
+//! While another vCPU has an operation in flight on the space (it holds a
+//! zone's map lock, for writing or, as a fault under the map lock that may
+//! give a VMA its object, for reading; or it is inside a `munmap`, its
+//! frees included: `Zones::changing`, read for the slots in
+//! `Zones::changers` only), an
 //! unhinted mmap goes straight to a zone of its vCPU's own below Linux's
 //! (`Zones::home_below`), instead of trying Linux's zone first: vCPUs
 //! that map and unmap at once (will-it-scale's mmap1 and malloc1) then
@@ -157,10 +160,10 @@ pub(crate) struct Zones {
     /// yet (Linux's `percpu_counter`: written once per `COUNT_BATCH`
     /// changes of a slot's count, not by every change).
     vmas: CachePadded<AtomicIsize>,
-    /// `[a]` the vCPU slots that have changed the space, bit `i % 64` of
-    /// word `i / 64` for slot `i` (Linux's `mm_cpumask`, for changes: set
-    /// once per slot, so read-mostly): whose `changing` an unhinted mmap
-    /// looks at.
+    /// `[a]` the vCPU slots that have held a map lock of the space (for a
+    /// change or a fault under it), bit `i % 64` of word `i / 64` for slot
+    /// `i` (Linux's `mm_cpumask`: set once per slot, so read-mostly): whose
+    /// `changing` an unhinted mmap looks at.
     changers: CachePadded<Box<[std::sync::atomic::AtomicU64]>>,
     /// `[a]` per vCPU slot, the operations its threads have in flight (map
     /// lock holds, whole munmaps: see "Placement"), each on a line of its

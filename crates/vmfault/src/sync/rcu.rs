@@ -140,6 +140,15 @@ struct Polled {
     left: usize,
 }
 
+/// A look that found no reader of an [`Rcu`] inside a read-side section
+/// ([`Rcu::quiet`]): whatever was unlinked before it can be freed. Made
+/// only by that look.
+#[derive(Debug, Clone, Copy)]
+pub struct Quiet {
+    /// The `Rcu` looked at.
+    rcu: usize,
+}
+
 /// When an object was unlinked, in grace periods (see [`Rcu::retire`]);
 /// a later cookie orders after an earlier one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -438,21 +447,44 @@ impl Rcu {
         self.slots.iter().all(|slot| slot.count.load(Ordering::Acquire) & 1 == 0)
     }
 
+    /// [`quiescent`](Rcu::quiescent) as a proof: `Some` if no reader was
+    /// inside a section at the look, for [`reclaim_quiet`](Rcu::reclaim_quiet).
+    pub fn quiet(&self) -> Option<Quiet> {
+        self.quiescent().then_some(Quiet { rcu: self.id() })
+    }
+
     /// If no reader is inside a section ([`quiescent`](Rcu::quiescent)),
     /// take back every object of `list` (all were retired before this
     /// call), giving each to `take`, and return true; else leave the list.
-    #[allow(unsafe_code)]
-    pub fn reclaim_quiescent<T>(&self, list: &mut Vec<Retired<T>>, mut take: impl FnMut(T)) -> bool {
-        assert!(list.iter().all(|r| r.rcu == self.id()), "Retired of another Rcu");
-        if !self.quiescent() {
-            return false;
+    pub fn reclaim_quiescent<T>(&self, list: &mut Vec<Retired<T>>, take: impl FnMut(T)) -> bool {
+        match self.quiet() {
+            Some(proof) => {
+                self.reclaim_quiet(list, proof, take);
+                true
+            }
+            None => false,
         }
+    }
+
+    /// Take back every object of `list`, giving each to `take`: a look
+    /// that found no reader inside a section (`proof`) came after every
+    /// one of them was retired.
+    ///
+    /// # Preconditions
+    /// Every entry of `list` was retired (unlinked) before the look that
+    /// made `proof`: the caller took the proof after every push it made,
+    /// and nobody else pushes to `list` (else use
+    /// [`reclaim_quiescent`](Rcu::reclaim_quiescent), which looks under
+    /// whatever keeps the list).
+    #[allow(unsafe_code)]
+    pub fn reclaim_quiet<T>(&self, list: &mut Vec<Retired<T>>, proof: Quiet, mut take: impl FnMut(T)) {
+        assert_eq!(proof.rcu, self.id(), "a proof of another Rcu");
+        assert!(list.iter().all(|r| r.rcu == self.id()), "Retired of another Rcu");
         for mut r in list.drain(..) {
             // SAFETY: taken exactly once; `r` is dropped right after
             // without touching `item` (`Retired` has no drop glue for it).
             take(unsafe { ManuallyDrop::take(&mut r.item) });
         }
-        true
     }
 
     /// Whether a full grace period has elapsed since `cookie` was taken
