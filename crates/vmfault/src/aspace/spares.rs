@@ -34,7 +34,7 @@ use super::ptree::{self, Recycle};
 use super::vma::{Snapshot, SnapshotNode, Vma};
 
 /// Spares of each kind kept per thread.
-pub(crate) const KEEP: usize = 64;
+pub(crate) const KEEP: usize = 256;
 
 /// One thread's spares (`[T]`: a thread-local, this thread only).
 struct Spares {
