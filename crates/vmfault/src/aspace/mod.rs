@@ -69,11 +69,11 @@ use vma::{Lookup, Snapshot, SnapshotRef, Vma, VmaFlags, VmaIndex, VmaTree};
 pub(crate) use zones::{HeldView, MapHeld, MapRead, Zones};
 
 /// Retired snapshots that make an operation wait for a grace period.
-const SNAPSHOT_BACKLOG: usize = 64;
+const SNAPSHOT_BACKLOG: usize = 32;
 
 /// Retired snapshots below which an operation does not look for any to
 /// free (looking costs more than the few versions it would free).
-const RECLAIM_BATCH: usize = 32;
+const RECLAIM_BATCH: usize = 8;
 
 /// Snapshots one reclaim gave back: inline up to twice a batch (no heap
 /// allocation in steady state).
@@ -778,7 +778,18 @@ impl Space {
     ) {
         let ends = || removed.iter().any(|v| v.object.get().is_some());
         let rcu = &ctx.env.rcu;
-        if quiet.is_some() || rcu.elapsed(unlinked) || (ends() && (rcu.quiescent() || rcu.poll(unlinked))) {
+        // Only with published snapshots: a retired snapshot keeps each VMA
+        // it names (and its object) alive until a grace period after that
+        // VMA's own unlink. Without them (the classic fault path on one
+        // zone), another change's VMA of the same object, unlinked after
+        // this change's look, may have left these the last references
+        // while a reader still holds a page it mapped: each object then
+        // frees its own frames after a grace period of its own (from a
+        // review: a use after free there, before this check, when the
+        // other change came between this one's look or cookie and here).
+        let past_grace = self.publish
+            && (quiet.is_some() || rcu.elapsed(unlinked) || (ends() && (rcu.quiescent() || rcu.poll(unlinked))));
+        if past_grace {
             aged(ctx, || removed.into_iter().for_each(spares::release_vma));
         } else {
             removed.into_iter().for_each(spares::release_vma);
