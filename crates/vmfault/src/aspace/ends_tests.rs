@@ -123,3 +123,106 @@ fn an_object_unmapped_while_a_reader_waits_ends_without_another_change() {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }
+
+/// Without published snapshots (`fault_path=maplock`, one zone), a change
+/// that ends an object on the strength of its own look at the readers must
+/// not free the object's frames at once: another change may have unlinked
+/// a VMA of the same object after that look, while a reader that entered
+/// after it still holds a page of it. Here a fork child's mapping is split
+/// in two VMAs over one shadow object whose backing holds the pages; the
+/// change that removes the first (freeing the child's own copy of a page)
+/// looks (no reader), a reader enters and
+/// holds the second one's page, another vCPU removes the second VMA, and
+/// only then does the first change drop its VMA, the last reference to the
+/// shadow, and with it the backing object's pages: they must wait for the
+/// reader (a deferred list), not go to the vCPU's cache.
+#[test]
+fn an_object_ended_after_anothers_unlink_waits_for_its_readers() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let vm = Vm::new(VmConfig {
+        phys_bytes: 16 << 20,
+        cpus: 3,
+        prefault: false,
+        fault_path: FaultPath::MapLock,
+        map_lock: crate::config::MapLock::Global,
+        free_path: FreePath::Deferred,
+        page_daemon: false,
+        ..VmConfig::default()
+    })
+    .unwrap();
+    let _cpu = vm.attach().unwrap();
+    let rw = Prot::READ | Prot::WRITE;
+    let parent = vm.new_space().unwrap();
+    let a = parent.mmap(0, 2 * PAGE_SIZE, rw, MapFlags::PRIVATE | MapFlags::ANONYMOUS).unwrap();
+    parent.write(a, &[1]).unwrap();
+    parent.write(a + PAGE_SIZE, &[2]).unwrap();
+    let child = parent.fork().unwrap();
+    // The parent's side goes: the backing object is the child's shadow's alone.
+    parent.munmap(a, 2 * PAGE_SIZE).unwrap();
+    child.mprotect(a + PAGE_SIZE, PAGE_SIZE, Prot::READ).unwrap();
+    // A page of the child's own in the first VMA (a copy on write): its
+    // removal frees a frame, so the first change looks at the readers.
+    child.write(a, &[9]).unwrap();
+    let mut b = [0u8; 1];
+    child.read(a + PAGE_SIZE, &mut b).unwrap();
+    assert_eq!(b, [2], "the child maps the backing object's page read-only");
+    let s = &child.s;
+    vm.with_ctx(|ctx| {
+        // The first change, up to its look: munmap of the first VMA.
+        let (start, end) = (a, a + PAGE_SIZE);
+        let mut g = super::Gather::default();
+        let carved = {
+            let mut map = s.map_write(ctx, start, end);
+            s.reserve_holes_locked(ctx, &map, crate::error::Op::Munmap, start, end).unwrap();
+            let carved = map.carve(start, end);
+            s.unmap_locked(ctx, &map, &carved, &mut g, true);
+            carved
+        };
+        let unlinked = ctx.env.rcu.cookie();
+        let quiet = s.finish(ctx, g);
+        assert!(quiet.is_some(), "no reader was inside a section at the look");
+        // A reader enters after the look and holds the second VMA's page.
+        let held = AtomicU64::new(0);
+        let (inside_tx, inside_rx) = mpsc::channel();
+        let (leave_tx, leave_rx) = mpsc::channel::<()>();
+        std::thread::scope(|scope| {
+            let (reader_vm, child, held) = (vm.clone(), &child, &held);
+            scope.spawn(move || {
+                let _cpu = reader_vm.attach().unwrap();
+                reader_vm.with_ctx(|rctx| {
+                    let _section = rctx.rcu_read();
+                    let hint = crate::pmap::LeafHint::default();
+                    let pfn = child.s.pmap.lookup(&rctx.env.phys, a + PAGE_SIZE, crate::types::Access::Read, &hint);
+                    held.store(u64::from(pfn.is_ok()), Ordering::Relaxed);
+                    inside_tx.send(()).unwrap();
+                    let _ = leave_rx.recv();
+                });
+            });
+            inside_rx.recv().unwrap();
+            assert_ne!(held.load(Ordering::Relaxed), 0, "the reader holds the backing page");
+            // Another vCPU removes the second VMA (its own look finds the reader).
+            let other_vm = vm.clone();
+            scope
+                .spawn(move || {
+                    let _cpu = other_vm.attach().unwrap();
+                    child.munmap(a + PAGE_SIZE, PAGE_SIZE).unwrap();
+                })
+                .join()
+                .unwrap();
+            // (Counted here without `Vm::stats`, which would claim this
+            // thread's vCPU again.)
+            let phys = &vm.m.phys;
+            let counts = || (phys.global_free_frames() + phys.pcp_frames(), phys.deferred_frames());
+            let (free, deferred) = counts();
+            // The first change drops its VMA: the shadow and its backing end.
+            s.drop_removed(ctx, carved, unlinked, quiet);
+            let (free_after, deferred_after) = counts();
+            assert_eq!(
+                free_after, free,
+                "the ended objects' frames went free while a reader held one (deferred {deferred} -> {deferred_after})"
+            );
+            assert!(deferred_after > deferred, "they wait on a deferred list");
+            drop(leave_tx);
+        });
+    });
+}
