@@ -5,8 +5,6 @@
 //! keeps every grace period from completing, as a busy machine does most
 //! of the time.
 
-use std::sync::mpsc;
-
 use crate::config::{FaultPath, FreePath, VmConfig};
 use crate::machine::Vm;
 use crate::types::{MapFlags, PAGE_SIZE, Prot};
@@ -27,22 +25,14 @@ fn vm(path: FaultPath) -> Vm {
 
 /// Run `f` while another vCPU sits inside a read-side section.
 fn with_a_reader_inside<R>(vm: &Vm, f: impl FnOnce() -> R) -> R {
-    let (inside_tx, inside_rx) = mpsc::channel();
-    let (leave_tx, leave_rx) = mpsc::channel::<()>();
-    let other = vm.clone();
-    let t = std::thread::spawn(move || {
-        let _cpu = other.attach().unwrap();
-        other.with_ctx(|ctx| {
+    super::another_vcpu::while_another_vcpu_holds(
+        vm,
+        |ctx, wait| {
             let _section = ctx.rcu_read();
-            inside_tx.send(()).unwrap();
-            let _ = leave_rx.recv();
-        });
-    });
-    inside_rx.recv().unwrap();
-    let r = f();
-    drop(leave_tx);
-    t.join().unwrap();
-    r
+            wait();
+        },
+        f,
+    )
 }
 
 /// A mapping written page by page, then unmapped: its object ends.
@@ -138,7 +128,7 @@ fn an_object_unmapped_while_a_reader_waits_ends_without_another_change() {
 /// reader (a deferred list), not go to the vCPU's cache.
 #[test]
 fn an_object_ended_after_anothers_unlink_waits_for_its_readers() {
-    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::atomic::{AtomicBool, Ordering};
     let vm = Vm::new(VmConfig {
         phys_bytes: 16 << 20,
         cpus: 3,
@@ -182,33 +172,23 @@ fn an_object_ended_after_anothers_unlink_waits_for_its_readers() {
         let quiet = s.finish(ctx, g);
         assert!(quiet.is_some(), "no reader was inside a section at the look");
         // A reader enters after the look and holds the second VMA's page.
-        let held = AtomicU64::new(0);
-        let (inside_tx, inside_rx) = mpsc::channel();
-        let (leave_tx, leave_rx) = mpsc::channel::<()>();
-        std::thread::scope(|scope| {
-            let (reader_vm, child, held) = (vm.clone(), &child, &held);
-            scope.spawn(move || {
-                let _cpu = reader_vm.attach().unwrap();
-                reader_vm.with_ctx(|rctx| {
-                    let _section = rctx.rcu_read();
-                    let hint = crate::pmap::LeafHint::default();
-                    let pfn = child.s.pmap.lookup(&rctx.env.phys, a + PAGE_SIZE, crate::types::Access::Read, &hint);
-                    held.store(u64::from(pfn.is_ok()), Ordering::Relaxed);
-                    inside_tx.send(()).unwrap();
-                    let _ = leave_rx.recv();
+        let held = AtomicBool::new(false);
+        let hold = |rctx: &crate::machine::Ctx<'_>, wait: &dyn Fn()| {
+            let _section = rctx.rcu_read();
+            let hint = crate::pmap::LeafHint::default();
+            let pfn = child.s.pmap.lookup(&rctx.env.phys, a + PAGE_SIZE, crate::types::Access::Read, &hint);
+            held.store(pfn.is_ok(), Ordering::Relaxed);
+            wait();
+        };
+        super::another_vcpu::while_another_vcpu_holds(&vm, hold, || {
+            assert!(held.load(Ordering::Relaxed), "the reader holds the backing page");
+            // Another vCPU removes the second VMA (its own look finds the reader).
+            std::thread::scope(|scope| {
+                scope.spawn(|| {
+                    let _cpu = vm.attach().unwrap();
+                    child.munmap(a + PAGE_SIZE, PAGE_SIZE).unwrap();
                 });
             });
-            inside_rx.recv().unwrap();
-            assert_ne!(held.load(Ordering::Relaxed), 0, "the reader holds the backing page");
-            // Another vCPU removes the second VMA (its own look finds the reader).
-            let other_vm = vm.clone();
-            scope
-                .spawn(move || {
-                    let _cpu = other_vm.attach().unwrap();
-                    child.munmap(a + PAGE_SIZE, PAGE_SIZE).unwrap();
-                })
-                .join()
-                .unwrap();
             // (Counted here without `Vm::stats`, which would claim this
             // thread's vCPU again.)
             let phys = &vm.m.phys;
@@ -222,7 +202,6 @@ fn an_object_ended_after_anothers_unlink_waits_for_its_readers() {
                 "the ended objects' frames went free while a reader held one (deferred {deferred} -> {deferred_after})"
             );
             assert!(deferred_after > deferred, "they wait on a deferred list");
-            drop(leave_tx);
         });
     });
 }

@@ -46,6 +46,8 @@ pub(crate) mod vma;
 mod zones;
 
 #[cfg(all(test, not(loom)))]
+mod another_vcpu;
+#[cfg(all(test, not(loom)))]
 mod ends_tests;
 #[cfg(all(test, not(loom)))]
 mod placement_tests;

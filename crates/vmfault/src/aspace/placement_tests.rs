@@ -2,8 +2,6 @@
 //! on the space (`zones.rs`, "Placement"): in a zone of the mapping vCPU's
 //! own below Linux's; with nothing else in flight, at Linux's address.
 
-use std::sync::mpsc;
-
 use super::layout::MMAP_BASE;
 use crate::config::{MapLock, VmConfig};
 use crate::machine::Vm;
@@ -21,22 +19,15 @@ fn map(space: &crate::AddressSpace) -> u64 {
 
 /// Run `f` while another vCPU holds the map lock of `at`'s zone for reading.
 fn with_another_inside<R>(vm: &Vm, space: &crate::AddressSpace, at: u64, f: impl FnOnce() -> R) -> R {
-    let (inside_tx, inside_rx) = mpsc::channel();
-    let (leave_tx, leave_rx) = mpsc::channel::<()>();
-    let (other, s) = (vm.clone(), space.s.clone());
-    let t = std::thread::spawn(move || {
-        let _cpu = other.attach().unwrap();
-        other.with_ctx(|ctx| {
+    let s = &space.s;
+    super::another_vcpu::while_another_vcpu_holds(
+        vm,
+        |ctx, wait| {
             let _held = s.map_read(ctx, at, at + 1);
-            inside_tx.send(()).unwrap();
-            let _ = leave_rx.recv();
-        });
-    });
-    inside_rx.recv().unwrap();
-    let r = f();
-    drop(leave_tx);
-    t.join().unwrap();
-    r
+            wait();
+        },
+        f,
+    )
 }
 
 #[test]
