@@ -71,6 +71,10 @@ macro_rules! stats {
             pub(crate) fn add_counters(&mut self, c: &CounterSet) {
                 $(self.$c += c.get(Counter::$c);)*
             }
+
+            pub(crate) fn add_shared(&mut self, c: &SharedCounters) {
+                $(self.$c += c.get(Counter::$c);)*
+            }
         }
 
         /// One vCPU's counter values.
@@ -122,7 +126,7 @@ stats! {
         page_table_pages: "frames used as page-table pages",
         index_pages: "frames used as object page-index nodes",
         data_pages: "frames holding data pages of VM objects",
-        wired_pages: "data pages wired at least once (mlock, page holds): never reclaimed",
+        wired_pages: "data pages wired now, once or more (mlock, page holds, a pageout in progress): never reclaimed",
         global_lock_acquisitions: "acquisitions of the global free-list lock",
         global_frames_moved: "frames taken from or given to the global free list (monotonic)",
         cpus_attached: "vCPU slots attached to a thread now",
@@ -185,6 +189,14 @@ stats! {
         pages_unmapped: "PTEs cleared by munmap, madvise and mprotect(PROT_NONE)",
         forks: "address spaces forked",
         shadow_collapses: "backing objects absorbed by their one remaining shadow object",
+        data_pages_made: "frames that became data pages of VM objects (published in an object's index)",
+        data_pages_freed: "data pages freed, past their grace period",
+        table_pages_made: "frames that became page-table pages",
+        table_pages_freed: "page-table pages freed, past their grace period",
+        index_pages_made: "frames that became object page-index nodes",
+        index_pages_freed: "object page-index nodes freed, past their grace period",
+        pages_wired: "pages that went from no wiring to one (mlock, page holds, the daemon's own)",
+        pages_unwired: "pages whose last wiring went",
     }
 }
 
@@ -205,10 +217,11 @@ impl Stats {
     /// | `allocstall_normal` | `alloc_stalls` |
     /// | `pgsteal_kswapd` | `pageouts` + `file_pageouts` (pages the daemon reclaimed) |
     /// | `nr_vmscan_write` | `pageouts` + `daemon_file_writebacks` |
+    /// | `pgfree` | `data_pages_freed` + `table_pages_freed` + `index_pages_freed` |
     ///
-    /// Linux's `pgfree` has no equivalent: frees are not counted (each
-    /// vCPU counts its allocations; frees happen on vCPUs, on the
-    /// grace-period thread and in the daemon).
+    /// `pgfree` here counts the frees of frames that were published (data
+    /// pages, page-table pages, index nodes), not those of frames taken
+    /// back before anyone saw them (a fault that lost a race for its slot).
     ///
     /// ```
     /// use vmfault::{MapFlags, Prot, Vm, VmConfig};
@@ -233,6 +246,7 @@ impl Stats {
             ("allocstall_normal", self.alloc_stalls),
             ("pgsteal_kswapd", self.pageouts + self.file_pageouts),
             ("nr_vmscan_write", self.pageouts + self.daemon_file_writebacks),
+            ("pgfree", self.data_pages_freed + self.table_pages_freed + self.index_pages_freed),
         ]
     }
 }
@@ -299,6 +313,33 @@ impl CounterSet {
     #[inline]
     pub(crate) fn inc(&self, c: Counter) {
         self.add(c, 1);
+    }
+
+    /// Read counter `c` (a snapshot).
+    pub(crate) fn get(&self, c: Counter) -> u64 {
+        self.values[c as usize].load(Ordering::Relaxed)
+    }
+}
+
+/// Counters of work done outside any vCPU slot (the page daemon, the
+/// grace-period thread, set-up), which several threads add to (`[a]`: a
+/// locked add, on paths that run once per batch, not per page).
+#[derive(Debug)]
+pub(crate) struct SharedCounters {
+    /// `[a]` on lines of their own, apart from the structure around them.
+    values: crate::sync::CachePadded<[AtomicU64; Counter::COUNT]>,
+}
+
+impl SharedCounters {
+    pub(crate) fn new() -> SharedCounters {
+        SharedCounters { values: crate::sync::CachePadded(std::array::from_fn(|_| AtomicU64::new(0))) }
+    }
+
+    /// Add `n` to counter `c`.
+    pub(crate) fn add(&self, c: Counter, n: u64) {
+        if n != 0 {
+            self.values[c as usize].fetch_add(n, Ordering::Relaxed);
+        }
     }
 
     /// Read counter `c` (a snapshot).

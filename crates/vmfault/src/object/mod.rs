@@ -361,7 +361,7 @@ impl Object {
             // Release: the page's contents (zeroed or copied while it was
             // an OwnedFrame) and its descriptor are visible to whoever
             // finds it through the index.
-            match phys.publish_into(page, Kind::Data, slot_entry, cur.bits(), entry.bits()) {
+            match frames.publish_into(page, Kind::Data, slot_entry, cur.bits(), entry.bits()) {
                 Ok(pfn) => {
                     if queued {
                         frames.enqueue(pfn);

@@ -52,6 +52,7 @@ pub(crate) use pcpu::{Frames, PcpConfig};
 pub(crate) use queues::{PageQueues, Queue};
 
 use crate::error::Result;
+use crate::stats::{Counter, CounterSet, SharedCounters};
 use crate::sync::percpu::{Magazine, PerCpuCache};
 use crate::sync::rcu::Rcu;
 use crate::types::PAGE_SIZE;
@@ -85,6 +86,7 @@ impl Pfn {
 
     /// Every frame of a machine of `frames` frames, for walks over the
     /// descriptors (statistics).
+    #[cfg(test)]
     pub(crate) fn all(frames: u32) -> impl Iterator<Item = Pfn> {
         (0..frames).map(Pfn)
     }
@@ -174,6 +176,48 @@ pub(crate) struct PhysMem {
     /// `[S]` frees nobody waits for (`VmConfig::free_path = deferred`; locks
     /// inside); see `deferred`.
     pub(crate) deferred: Option<deferred::Deferred>,
+    /// `[a]` events counted outside any vCPU slot: frames freed and pages
+    /// wired or unwired by the daemon and the grace-period thread.
+    shared: SharedCounters,
+}
+
+/// The counters that follow the frames published as `kind`: made, freed.
+/// They make the gauges of frames by kind in [`Vm::stats`](crate::Vm::stats)
+/// without a look at every descriptor.
+#[inline]
+pub(crate) fn kind_counters(kind: Kind) -> (Counter, Counter) {
+    match kind {
+        Kind::Data => (Counter::data_pages_made, Counter::data_pages_freed),
+        Kind::Table => (Counter::table_pages_made, Counter::table_pages_freed),
+        Kind::Index => (Counter::index_pages_made, Counter::index_pages_freed),
+        _ => panic!("a {kind:?} frame is not published"),
+    }
+}
+
+/// Frames retired in one batch, by kind: counted once per batch.
+#[derive(Debug, Default)]
+pub(crate) struct Retired([u64; 3]);
+
+impl Retired {
+    #[inline]
+    fn note(&mut self, kind: Kind) {
+        let i = match kind {
+            Kind::Data => 0,
+            Kind::Table => 1,
+            Kind::Index => 2,
+            _ => panic!("freeing a {kind:?} frame"),
+        };
+        self.0[i] += 1;
+    }
+
+    /// Hand each kind's count to `add` as its `_freed` counter.
+    fn count(&self, mut add: impl FnMut(Counter, u64)) {
+        for (kind, n) in [Kind::Data, Kind::Table, Kind::Index].into_iter().zip(self.0) {
+            if n != 0 {
+                add(kind_counters(kind).1, n);
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for PhysMem {
@@ -246,6 +290,7 @@ impl PhysMem {
             zero_ahead: 0,
             stream_after: None,
             deferred: None,
+            shared: SharedCounters::new(),
         })
     }
 
@@ -422,7 +467,24 @@ impl PhysMem {
         }
         self.leave_queues(frames);
         let frames = self.in_free_order(frames);
-        self.free.give(&self.pages, frames.iter().map(|&pfn| self.retire(pfn)));
+        let mut freed = Retired::default();
+        self.free.give(&self.pages, frames.iter().map(|&pfn| self.retire(pfn, &mut freed)));
+        freed.count(|c, n| self.count(None, c, n));
+    }
+
+    /// Count `n` events `c` on the vCPU whose counters these are, or, with
+    /// none (the daemon, the grace-period thread), on the shared set.
+    #[inline]
+    pub(crate) fn count(&self, counters: Option<&CounterSet>, c: Counter, n: u64) {
+        match counters {
+            Some(counters) => counters.add(c, n),
+            None => self.shared.add(c, n),
+        }
+    }
+
+    /// Events counted outside any vCPU slot.
+    pub(crate) fn shared_counters(&self) -> &SharedCounters {
+        &self.shared
     }
 
     /// Frames on the deferred lists (a snapshot).
@@ -678,8 +740,9 @@ impl PhysMem {
     }
 
     /// Publish an owned frame as `kind`; from now on only atomics touch it.
+    /// Through [`Frames::publish`], which counts it.
     #[inline]
-    pub(crate) fn publish(&self, f: OwnedFrame, kind: Kind) -> Pfn {
+    fn publish(&self, f: OwnedFrame, kind: Kind) -> Pfn {
         // Published, the frame is written by atomics nobody tracks.
         self.dirtied(&f);
         self.page(f.pfn()).set_kind(Kind::Owned, kind);
@@ -694,8 +757,9 @@ impl PhysMem {
     /// failure nobody saw the frame: it comes back owned (its kind and
     /// description cleared, [`unpublish`](PhysMem::unpublish)), with the
     /// value `slot` held.
+    /// Through [`Frames::publish_into`], which counts it.
     #[inline]
-    pub(crate) fn publish_into(
+    fn publish_into(
         &self,
         f: OwnedFrame,
         kind: Kind,
@@ -753,11 +817,11 @@ impl PhysMem {
     }
 
     /// A published frame, unlinked everywhere and past its grace period,
-    /// becomes owned again (ready for a free list).
-    fn retire(&self, pfn: Pfn) -> u32 {
+    /// becomes owned again (ready for a free list), noted in `freed`.
+    fn retire(&self, pfn: Pfn, freed: &mut Retired) -> u32 {
         let page = self.page(pfn);
         let kind = page.kind();
-        assert!(matches!(kind, Kind::Data | Kind::Table | Kind::Index), "freeing a {kind:?} frame");
+        freed.note(kind);
         page.set_kind(kind, Kind::Owned);
         page.object.store(0, Ordering::Relaxed);
         page.children.store(0, Ordering::Relaxed);

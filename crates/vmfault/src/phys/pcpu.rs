@@ -26,7 +26,7 @@
 //! Frames sitting in a magazine are `OWNED` (taken off the free list) and
 //! count as free in the statistics.
 
-use super::{OwnedFrame, Pfn, PhysMem};
+use super::{Kind, OwnedFrame, Pfn, PhysMem, Retired, kind_counters};
 use crate::stats::{Counter, CounterSet};
 use crate::sync::atomic::Ordering;
 use crate::sync::percpu::Magazine;
@@ -305,6 +305,38 @@ impl<'a> Frames<'a> {
         then >> STAMP_BITS != now >> STAMP_BITS || now.wrapping_sub(then) & STAMP_MASK >= after
     }
 
+    /// Count `n` events `c` on this vCPU (on the shared set without one).
+    #[inline]
+    fn count(&self, c: Counter, n: u64) {
+        self.phys.count(self.cpu.as_ref().map(|cpu| cpu.counters), c, n);
+    }
+
+    /// Publish owned frame `f` as `kind` (`PhysMem::publish`), counted.
+    #[inline]
+    pub(crate) fn publish(&self, f: OwnedFrame<'a>, kind: Kind) -> Pfn {
+        let pfn = self.phys.publish(f, kind);
+        self.count(kind_counters(kind).0, 1);
+        pfn
+    }
+
+    /// Publish owned frame `f` as `kind` by a compare-exchange of `slot`
+    /// (`PhysMem::publish_into`), counted if it became visible.
+    #[inline]
+    pub(crate) fn publish_into(
+        &self,
+        f: OwnedFrame<'a>,
+        kind: Kind,
+        slot: &std::sync::atomic::AtomicU64,
+        current: u64,
+        word: u64,
+    ) -> std::result::Result<Pfn, (OwnedFrame<'a>, u64)> {
+        let r = self.phys.publish_into(f, kind, slot, current, word);
+        if r.is_ok() {
+            self.count(kind_counters(kind).0, 1);
+        }
+        r
+    }
+
     /// Free a frame nobody else can reach (never published, or taken back).
     pub(crate) fn free_owned(&self, f: OwnedFrame) {
         let phys = self.phys;
@@ -416,14 +448,16 @@ impl<'a> Frames<'a> {
         let (cold, warm) = frames.split_at(frames.len() - room);
         // Only when something overflows: the global lock is shared by
         // every vCPU (an empty give took it twice per vmlocal loop).
+        let mut freed = Retired::default();
         if !cold.is_empty() {
-            phys.free.give(&phys.pages, cold.iter().map(|&p| phys.retire(p)));
+            phys.free.give(&phys.pages, cold.iter().map(|&p| phys.retire(p, &mut freed)));
         }
         let stamp = self.cpu.as_ref().map_or(0, cache_stamp);
         m.extend(warm.iter().map(|&p| {
             phys.page(p).cached_at.store(stamp, Ordering::Relaxed);
-            phys.retire(p)
+            phys.retire(p, &mut freed)
         }));
+        freed.count(|c, n| self.count(c, n));
     }
 }
 

@@ -19,7 +19,7 @@
 use super::{Pfn, PhysMem};
 use crate::stats::{Counter, CounterSet};
 use crate::sync::atomic::AtomicU32;
-use crate::sync::refcount::RefCount;
+use crate::sync::refcount::{RefCount, WIRINGS};
 use crate::sync::spin::{self, WordGuard};
 
 /// Number of page locks (FreeBSD's `PA_LOCK_COUNT` on amd64).
@@ -64,25 +64,28 @@ impl PhysMem {
     /// `RefCount::wire_mapped` (the caller found the page through a PTE,
     /// under its lock): fails while a removal of every mapping runs.
     pub(crate) fn wire_mapped(&self, pfn: Pfn, counters: Option<&CounterSet>) -> bool {
-        self.try_wire(pfn, counters, RefCount::wire_mapped)
+        self.try_wire(pfn, counters, RefCount::wire_mapped_from)
     }
 
     /// `RefCount::try_hold` (the caller found the page through its object's
     /// index, inside an RCU section): fails while the page is being paged
     /// out, or once it has left its object.
     pub(crate) fn try_hold(&self, pfn: Pfn, counters: Option<&CounterSet>) -> bool {
-        self.try_wire(pfn, counters, RefCount::try_hold)
+        self.try_wire(pfn, counters, RefCount::try_hold_from)
     }
 
     /// Wire `pfn` with `wire` under its page lock (the baseline), counting
-    /// the wiring if it succeeds.
-    fn try_wire(&self, pfn: Pfn, counters: Option<&CounterSet>, wire: fn(&RefCount) -> bool) -> bool {
+    /// the wiring if it succeeds, and the page as wired if it was not.
+    fn try_wire(&self, pfn: Pfn, counters: Option<&CounterSet>, wire: fn(&RefCount) -> Option<u32>) -> bool {
         let _lock = self.page_lock(pfn, counters);
-        let ok = wire(&self.page(pfn).refs);
-        if ok && let Some(c) = counters {
+        let Some(before) = wire(&self.page(pfn).refs) else { return false };
+        if let Some(c) = counters {
             c.inc(Counter::wirings);
         }
-        ok
+        if before == 0 {
+            self.count(counters, Counter::pages_wired, 1);
+        }
+        true
     }
 
     /// `RefCount::unwire`: whether that was the last reference (the caller
@@ -90,6 +93,34 @@ impl PhysMem {
     #[must_use = "the last reference frees the page"]
     pub(crate) fn unwire(&self, pfn: Pfn, counters: Option<&CounterSet>) -> bool {
         let _lock = self.page_lock(pfn, counters);
-        self.page(pfn).refs.unwire()
+        self.unwired(pfn, counters)
+    }
+
+    /// The page daemon takes `pfn` (`RefCount::try_isolate`: a wiring of
+    /// its own on a page that had none).
+    pub(crate) fn isolate(&self, pfn: Pfn) -> bool {
+        let taken = self.page(pfn).refs.try_isolate();
+        if taken {
+            self.count(None, Counter::pages_wired, 1);
+        }
+        taken
+    }
+
+    /// The page daemon drops its wiring of an isolated page (no page lock:
+    /// `BLOCKED` kept other wirings out until it was cleared); whether that
+    /// was the last reference.
+    #[must_use = "the last reference frees the page"]
+    pub(crate) fn daemon_unwire(&self, pfn: Pfn) -> bool {
+        self.unwired(pfn, None)
+    }
+
+    /// Drop one wiring of `pfn`, counting the page unwired if it was its
+    /// last; whether it was the last reference of any kind.
+    fn unwired(&self, pfn: Pfn, counters: Option<&CounterSet>) -> bool {
+        let old = self.page(pfn).refs.unwire_from();
+        if old & WIRINGS == 1 {
+            self.count(counters, Counter::pages_unwired, 1);
+        }
+        RefCount::was_last(old)
     }
 }

@@ -150,7 +150,7 @@ impl Radix {
     /// A page table: `TABLE_LEVELS` levels, with its root allocated now.
     pub(crate) fn table(frames: &Frames<'_>) -> Result<Radix, OutOfFrames> {
         let root = frames.alloc_zeroed().ok_or(OutOfFrames)?;
-        let root = frames.phys().publish(root, Kind::Table);
+        let root = frames.publish(root, Kind::Table);
         let word = (u64::from(root.raw()) << 12) | u64::from(TABLE_LEVELS);
         Ok(Radix { root: AtomicU64::new(word), kind: Kind::Table, max_height: TABLE_LEVELS })
     }
@@ -228,7 +228,7 @@ impl Radix {
                 // whoever finds it (and may free it) sees its real kind;
                 // Release publishes the zeroed contents with the pointer.
                 let word = entry_for(fresh.pfn());
-                match phys.publish_into(fresh, self.kind, slot, 0, word) {
+                match frames.publish_into(fresh, self.kind, slot, 0, word) {
                     Ok(_) => {
                         phys.page(node).children.fetch_add(1, Ordering::Relaxed);
                         e = word;
@@ -294,7 +294,7 @@ impl Radix {
             };
             phys.page(node).pindex.store(base, Ordering::Relaxed);
             let word = (u64::from(node.raw()) << 12) | u64::from(height);
-            match phys.publish_into(fresh, self.kind, &self.root, cur, word) {
+            match frames.publish_into(fresh, self.kind, &self.root, cur, word) {
                 Ok(_) => added += 1,
                 Err((lost, _)) => {
                     if let Some(slot) = slot {

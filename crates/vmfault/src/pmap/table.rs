@@ -394,7 +394,7 @@ mod tests {
         assert_eq!(pmap.translate(&phys, addr, Access::Read), None);
         let leaf = pmap.pte_alloc(&frames, addr).unwrap();
         assert_eq!(pmap.tables(), 4);
-        let frame = phys.publish(frames.alloc_zeroed().unwrap(), Kind::Data);
+        let frame = frames.publish(frames.alloc_zeroed().unwrap(), Kind::Data);
         {
             let (_g, contended) = Pmap::lock(&phys, &leaf);
             assert!(!contended);

@@ -131,7 +131,7 @@ pub(super) fn run(
         };
         let taken = {
             let _section = m.rcu.read_lock(reader);
-            o.holds(pindex, pfn) && page.refs.try_isolate()
+            o.holds(pindex, pfn) && m.phys.isolate(pfn)
         };
         if !taken {
             grave.push(Box::new(o));
@@ -200,7 +200,7 @@ pub(super) fn run(
                     // An isolated page has no other reference (try_isolate
                     // took it from exactly the object's); should one have
                     // appeared, its holder frees the page, not the daemon.
-                    if refs.unwire() {
+                    if m.phys.daemon_unwire(pfn) {
                         freed.push(pfn);
                     }
                     if slot.is_some() {
@@ -251,7 +251,7 @@ fn give_up(m: &Machine, pfn: Pfn, freed: &mut Vec<Pfn>, back: &mut Vec<(Pfn, Que
     m.daemon.failures.fetch_add(1, Ordering::Relaxed);
     let refs = &m.phys.page(pfn).refs;
     refs.unblock();
-    if refs.unwire() {
+    if m.phys.daemon_unwire(pfn) {
         freed.push(pfn);
     } else {
         back.push((pfn, Queue::Active));

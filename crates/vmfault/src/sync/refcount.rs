@@ -99,17 +99,24 @@ impl RefCount {
 
     /// Wire a page found through a PTE, under the PTE lock: fails while a
     /// removal of every mapping is in progress.
+    #[cfg(any(test, loom))]
     pub fn wire_mapped(&self) -> bool {
+        self.wire_mapped_from().is_some()
+    }
+
+    /// [`wire_mapped`](RefCount::wire_mapped), returning the wirings
+    /// before this one (`None`: refused).
+    pub fn wire_mapped_from(&self) -> Option<u32> {
         let mut cur = self.0.load(Ordering::Relaxed);
         loop {
             if cur & BLOCKED != 0 && !crate::mutated!("refcount_no_blocked_check") {
-                return false;
+                return None;
             }
             // 2^30 wirings of one page (e.g. holds leaked with
             // `mem::forget`) would carry into BLOCKED: refuse loudly.
             assert!(cur & WIRINGS < WIRINGS - 1, "wiring count overflow ({cur:#x})");
             match self.0.compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Relaxed) {
-                Ok(_) => return true,
+                Ok(_) => return Some(cur & WIRINGS),
                 Err(now) => cur = now,
             }
         }
@@ -119,17 +126,24 @@ impl RefCount {
     /// section (the frame cannot be reused before the section ends): fails
     /// while the page is being paged out or removed from every mapping, or
     /// once it has left its object (it may be about to be freed).
+    #[cfg(any(test, loom))]
     pub fn try_hold(&self) -> bool {
+        self.try_hold_from().is_some()
+    }
+
+    /// [`try_hold`](RefCount::try_hold), returning the wirings before this
+    /// one (`None`: refused).
+    pub fn try_hold_from(&self) -> Option<u32> {
         // The mutation for the loom model: a hold that ignores `BLOCKED`.
         let refuse = if crate::mutated!("refcount_hold_ignores_blocked") { OBJREF } else { OBJREF | BLOCKED };
         let mut cur = self.0.load(Ordering::Relaxed);
         loop {
             if cur & refuse != OBJREF {
-                return false;
+                return None;
             }
             assert!(cur & WIRINGS < WIRINGS - 1, "wiring count overflow ({cur:#x})");
             match self.0.compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Relaxed) {
-                Ok(_) => return true,
+                Ok(_) => return Some(cur & WIRINGS),
                 Err(now) => cur = now,
             }
         }
@@ -137,10 +151,24 @@ impl RefCount {
 
     /// Drop one wiring; whether it was the last reference of any kind (the
     /// caller then frees the page, after a grace period if it was mapped).
+    #[cfg(any(test, loom))]
     #[must_use = "the last reference frees the page"]
     pub fn unwire(&self) -> bool {
+        Self::was_last(self.unwire_from())
+    }
+
+    /// Drop one wiring, returning the word before (see
+    /// [`was_last`](RefCount::was_last)).
+    #[must_use = "the last reference frees the page"]
+    pub fn unwire_from(&self) -> u32 {
         let old = self.0.fetch_sub(1, Ordering::AcqRel);
         assert!(old & WIRINGS > 0, "unwiring a page that is not wired ({old:#x})");
+        old
+    }
+
+    /// Whether an unwiring from word `old` dropped the last reference of
+    /// any kind.
+    pub fn was_last(old: u32) -> bool {
         old & !BLOCKED == 1
     }
 
@@ -179,8 +207,8 @@ mod tests {
     fn transitions() {
         let r = RefCount::new();
         r.set_objref();
-        assert!(r.wire_mapped());
-        assert!(r.try_hold());
+        assert_eq!(r.wire_mapped_from(), Some(0), "the first wiring");
+        assert_eq!(r.try_hold_from(), Some(1));
         assert_eq!(r.wirings(), 2);
         assert!(!r.try_isolate(), "a wired page is not taken");
         assert!(!r.unwire());
