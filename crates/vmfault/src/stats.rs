@@ -325,14 +325,15 @@ impl CounterSet {
 /// grace-period thread, set-up), which several threads add to (`[a]`: a
 /// locked add, on paths that run once per batch, not per page).
 #[derive(Debug)]
+#[repr(align(128))] // on lines of its own, apart from the structure around it
 pub(crate) struct SharedCounters {
-    /// `[a]` on lines of their own, apart from the structure around them.
-    values: crate::sync::CachePadded<[AtomicU64; Counter::COUNT]>,
+    /// `[a]` relaxed adds and loads: counts, which order nothing.
+    values: [AtomicU64; Counter::COUNT],
 }
 
 impl SharedCounters {
     pub(crate) fn new() -> SharedCounters {
-        SharedCounters { values: crate::sync::CachePadded(std::array::from_fn(|_| AtomicU64::new(0))) }
+        SharedCounters { values: std::array::from_fn(|_| AtomicU64::new(0)) }
     }
 
     /// Add `n` to counter `c`.
