@@ -313,6 +313,10 @@ unsafe fn exec(sh: *mut Shared, base: u64, op: &TOp, fd: i32) -> RawResult {
                 }
             }
             TOp::Munlock { off, len } => unit(libc::munlock((base + off) as *const libc::c_void, len as usize)),
+            TOp::Brk { off } => {
+                let r = libc::syscall(libc::SYS_brk, base + off) as u64;
+                RawResult { off: r.wrapping_sub(base), ..res(K_ADDR) }
+            }
             TOp::Read { off, len } => {
                 let (done, fault) = probe(sh, Kind::Read, base + off, len as usize);
                 // The grandchild proved these bytes readable: read them here
@@ -487,6 +491,72 @@ unsafe fn record_maps(sh: *mut Shared, base: u64) -> (u64, u64) {
     }
 }
 
+/// Linux's `struct prctl_mm_map` (`include/uapi/linux/prctl.h`).
+#[repr(C)]
+struct PrctlMmMap {
+    start_code: u64,
+    end_code: u64,
+    start_data: u64,
+    end_data: u64,
+    start_brk: u64,
+    brk: u64,
+    start_stack: u64,
+    arg_start: u64,
+    arg_end: u64,
+    env_start: u64,
+    env_end: u64,
+    auxv: *mut u64,
+    auxv_size: u32,
+    exe_fd: u32,
+}
+
+/// Move this process's heap to `heap` (start and break), keeping the
+/// other bounds `/proc/self/stat` shows: `prctl(PR_SET_MM_MAP)`, which
+/// needs no `CAP_SYS_RESOURCE` (`PR_SET_MM_BRK` does, and containers
+/// often drop it). Allocates nothing.
+///
+/// # Safety
+/// `sh` is the shared region (its scratch area is used).
+unsafe fn move_heap(sh: *mut Shared, heap: u64) -> bool {
+    // SAFETY: reads into the shared scratch area, bounded by its size;
+    // the prctl reads the struct on this stack.
+    unsafe {
+        let fd = libc::open(c"/proc/self/stat".as_ptr(), libc::O_RDONLY);
+        let buf = (&raw mut (*sh).scratch).cast::<u8>();
+        let n = libc::read(fd, buf.cast(), SCRATCH);
+        libc::close(fd);
+        if n <= 0 {
+            return false;
+        }
+        let text = std::slice::from_raw_parts(buf, n as usize);
+        // Fields after the command's closing parenthesis, from field 3.
+        let Some(close) = text.iter().rposition(|&c| c == b')') else { return false };
+        let mut field = [0u64; 53];
+        for (i, word) in text[close + 2..].split(|&c| c == b' ').enumerate().take(50) {
+            field[i + 3] = word.iter().take_while(|c| c.is_ascii_digit()).fold(0, |v, &d| v * 10 + u64::from(d - b'0'));
+        }
+        let map = PrctlMmMap {
+            start_code: field[26],
+            end_code: field[27],
+            start_data: field[45],
+            end_data: field[46],
+            start_brk: heap,
+            brk: heap,
+            start_stack: field[28],
+            arg_start: field[48],
+            arg_end: field[49],
+            env_start: field[50],
+            env_end: field[51],
+            auxv: ptr::null_mut(),
+            auxv_size: 0,
+            exe_fd: u32::MAX,
+        };
+        let size = std::mem::size_of::<PrctlMmMap>() as libc::c_ulong;
+        libc::prctl(libc::PR_SET_MM, libc::PR_SET_MM_MAP as libc::c_ulong, &raw const map as libc::c_ulong, size, 0)
+            == 0
+    }
+}
+
 /// # Safety
 /// Runs in the forked child only; `sh` is the shared region. `owner[i]` is
 /// the process that runs op `i`, `fork_id[i]` the number a `Fork` at `i`
@@ -515,6 +585,10 @@ unsafe fn child(sh: *mut Shared, ops: &[TOp], owner: &[u8], fork_id: &[u8], fd: 
         libc::mmap((g0 + GUARD + W) as *mut libc::c_void, GUARD as usize, libc::PROT_NONE, gfl, -1, 0);
         let base = g0 + GUARD;
         (*sh).base = base;
+        // The heap moves into the window (as `vmfault_guards` puts it).
+        if !move_heap(sh, base + HEAP_OFF) {
+            libc::_exit(5);
+        }
         // Processes take turns: each runs the ops it owns, in order, and
         // waits for the others' (`ops_done` is the turn).
         let mut me = 0u8;

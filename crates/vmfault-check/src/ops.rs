@@ -25,6 +25,11 @@ pub const FILE_TAIL: u64 = 100;
 pub fn file_contents() -> Vec<u8> {
     (0..FILE_PAGES * P + FILE_TAIL).map(|i| ((i * 7 + (i >> 12) * 13) as u8) | 0x80).collect()
 }
+/// Where the heap starts in the window (`brk`): near its top, where the
+/// sequences' first mapping (`W - 8 * P` from one of the first four
+/// pages) leaves it free in half of them and covers its start in the
+/// other half; the top guard bounds its growth.
+pub const HEAP_OFF: u64 = 41 * P;
 /// Where the window starts in vmfault (any free, aligned range will do):
 /// half of it below 80 TiB, half above, so that its mappings cross the
 /// edge of two `map_lock=zoned` zones (and of every smaller power of two).
@@ -143,6 +148,11 @@ pub enum TOp {
     Munlock {
         off: u64,
         len: u64,
+    },
+    /// `brk` to the window offset `off` (any byte; the heap starts at
+    /// `HEAP_OFF`): the break after the call, as an offset (`Addr`).
+    Brk {
+        off: u64,
     },
     /// Map the sequences' file from page `fpage` (shared or private),
     /// `MAP_FIXED` (or `MAP_FIXED_NOREPLACE`) at the window offset.
@@ -468,6 +478,7 @@ pub fn run_vmfault_in(
             Err(e) => errno(e),
         },
         TOp::Munlock { off, len } => unit(space.munlock(base + off, len)),
+        TOp::Brk { off } => Outcome::Addr(space.brk(base + off).wrapping_sub(base)),
         TOp::Fork | TOp::Switch(_) | TOp::Exit => unreachable!("process ops are run by the caller: {op:?}"),
         TOp::Abs(a) => {
             let (call, addr, len, prot, flags) = a.args(base);
@@ -601,6 +612,9 @@ pub fn vmfault_guards(space: &AddressSpace, base: u64) {
     let fl = MapFlags::SHARED | MapFlags::ANONYMOUS | MapFlags::FIXED;
     space.mmap(base - GUARD, GUARD, Prot::NONE, fl).unwrap();
     space.mmap(base + W, GUARD, Prot::NONE, fl).unwrap();
+    // The heap starts inside the window (the host's child moves its own
+    // there with `prctl(PR_SET_MM_MAP)`).
+    space.set_heap_start(base + HEAP_OFF).unwrap();
 }
 
 // ---------------------------------------------------------------- generation
@@ -705,6 +719,13 @@ pub fn op() -> impl Strategy<Value = TOp> {
         let off = if aligned { off & !(P - 1) } else { off };
         (Just(off), 0..=(8 * P).min(W - off)).prop_map(|(off, len)| TOp::Mincore { off, len })
     });
+    // `brk` from just below the heap's start to the window's top (a few
+    // far below it: a query), mostly to page boundaries.
+    let brk = prop_oneof![
+        6 => (HEAP_OFF / P - 1..=WINDOW_PAGES).prop_map(|p| TOp::Brk { off: p * P }),
+        2 => (HEAP_OFF - P..W).prop_map(|off| TOp::Brk { off }),
+        1 => (0..HEAP_OFF).prop_map(|off| TOp::Brk { off }),
+    ];
     let lock = (0..W, any::<bool>())
         .prop_flat_map(|(off, lock)| (Just(off), 0..=(12 * P).min(W - off), Just(lock)))
         .prop_map(|(off, len, lock)| if lock { TOp::Mlock { off, len } } else { TOp::Munlock { off, len } });
@@ -719,6 +740,7 @@ pub fn op() -> impl Strategy<Value = TOp> {
         3 => fetch_add,
         4 => lock,
         2 => mincore,
+        4 => brk,
         1 => force_read,
         1 => force_write,
         1 => abs_op().prop_map(TOp::Abs),

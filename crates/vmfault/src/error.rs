@@ -46,6 +46,9 @@ pub enum Op {
     Attach,
     /// [`AddressSpace::mincore`](crate::AddressSpace::mincore).
     Mincore,
+    /// [`AddressSpace::brk`](crate::AddressSpace::brk) and
+    /// [`AddressSpace::set_heap_start`](crate::AddressSpace::set_heap_start).
+    Brk,
     /// [`AddressSpace::host_view`](crate::AddressSpace::host_view) and the
     /// faults and calls of a [`HostView`](crate::HostView).
     HostView,
@@ -72,6 +75,7 @@ impl fmt::Display for Op {
             Op::Attach => "Vm::attach",
             Op::HostView => "host view",
             Op::Mincore => "mincore",
+            Op::Brk => "brk",
         })
     }
 }

@@ -110,25 +110,26 @@
 //! ```text
 //! shared vCPU slot [C]                (an unattached thread's claim of the shared slot, for
 //! │                                    one operation; held around everything it does)
-//! └── address-space map lock [M]      (RwLock; classic faults read, changes write; with
-//!     │                                map_lock=zoned one per zone, taken in address order)
-//!     ├── VMA read lock [V]           (VmaLock faults: a pin in the vCPU's RCU slot; a writer
-//!     │   │                            retires the VMA under [M] and waits for the pins)
-//!     │   └── PTE lock [P]
-//!     └── file registry [R]           (finding or creating a file's object; its end leaves it)
-//!         └── object lock [O]         (a shadow-chain collapse: the absorbing level's, then
-//!             │                        the absorbed one's; under the map lock, top-down;
-//!             │                        a page-in, around its read of the swap slot)
-//!             ├── per-CPU drain lock [D] (one drain of every cache at a time, held around
-//!             │   │                    its grace period, until the frames are placed)
-//!             │   └── free-list lock [F]
-//!             └── PTE lock [P]        (one word per page-table page; speculative
-//!                 │                    faults only try-lock it, holding nothing else)
-//!                 ├── page lock [K]   (refcount=pagelock only: one of 256 hashed words,
-//!                 │   │                held around a wiring or queue change)
-//!                 │   └── page-queue lock [Q] (swap only: a vCPU applying its full batch of
-//!                 │                    new pages, the daemon, a free path; nothing inside)
-//!                 └── free-list lock [F] (nothing inside)
+//! └── heap lock [H]                   (one per space: brk, and fork around its copy)
+//!     └── address-space map lock [M]      (RwLock; classic faults read, changes write; with
+//!         │                                map_lock=zoned one per zone, taken in address order)
+//!         ├── VMA read lock [V]           (VmaLock faults: a pin in the vCPU's RCU slot; a writer
+//!         │   │                            retires the VMA under [M] and waits for the pins)
+//!         │   └── PTE lock [P]
+//!         └── file registry [R]           (finding or creating a file's object; its end leaves it)
+//!             └── object lock [O]         (a shadow-chain collapse: the absorbing level's, then
+//!                 │                        the absorbed one's; under the map lock, top-down;
+//!                 │                        a page-in, around its read of the swap slot)
+//!                 ├── per-CPU drain lock [D] (one drain of every cache at a time, held around
+//!                 │   │                    its grace period, until the frames are placed)
+//!                 │   └── free-list lock [F]
+//!                 └── PTE lock [P]        (one word per page-table page; speculative
+//!                     │                    faults only try-lock it, holding nothing else)
+//!                     ├── page lock [K]   (refcount=pagelock only: one of 256 hashed words,
+//!                     │   │                held around a wiring or queue change)
+//!                     │   └── page-queue lock [Q] (swap only: a vCPU applying its full batch of
+//!                     │                    new pages, the daemon, a free path; nothing inside)
+//!                     └── free-list lock [F] (nothing inside)
 //!
 //! leaves [L]                          (taken under any of the above, nothing inside: the
 //!                                      retired-snapshot and deferred-list mutexes, the space
@@ -253,7 +254,7 @@ pub mod types;
 mod vm;
 
 pub use aspace::{
-    AddressSpace, FileRange, HostFault, HostFaultHandler, HostView, MAX_MAP_COUNT, MappingUsage, PageHold,
+    AddressSpace, FileRange, HEAP_START, HostFault, HostFaultHandler, HostView, MAX_MAP_COUNT, MappingUsage, PageHold,
 };
 pub use config::{
     FaultPath, FrameOrder, FreePath, MapLock, PcpHigh, Refcount, Rmap, STREAM_AFTER_FRAMES, VmConfig, ZeroStores,

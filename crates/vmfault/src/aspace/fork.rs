@@ -25,6 +25,7 @@
 //! so that no store through an old writable PTE lands after a fault of
 //! another vCPU has copied the page it went to.
 
+use crate::sync::rank::{self, Rank};
 use std::sync::Arc;
 
 use super::Gather;
@@ -97,6 +98,9 @@ impl Space {
         let mut frames = Vec::new();
         let mut absorbed = Vec::new();
         let mut narrowed = 0;
+        // The heap's bounds go with the mappings, as one copy (Linux: both
+        // under the mmap lock).
+        let heap_held = rank::lock(&self.heap, Rank::Heap);
         let replaced = {
             let mut map = self.map_write_all(ctx);
             let vmas: Vec<Arc<Vma>> = map.iter().cloned().collect();
@@ -167,6 +171,10 @@ impl Space {
             }
             replaced
         };
+        let heap = *heap_held;
+        drop(heap_held);
+        // Nobody else reaches the child yet.
+        *rank::lock(&child.s.heap, Rank::Heap) = heap;
         self.finish(ctx, Gather { frames, ..Gather::default() });
         Absorbed::release(absorbed, &m.rcu);
         drop(replaced);

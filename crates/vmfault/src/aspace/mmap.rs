@@ -270,7 +270,7 @@ impl Space {
 
 impl Space {
     /// `ENOMEM` if the space has more than `MAX_MAP_COUNT` VMAs.
-    fn check_count(&self, op: Op) -> Result<()> {
+    pub(super) fn check_count(&self, op: Op) -> Result<()> {
         if let Some(count) = self.zones.vmas_above(MAX_MAP_COUNT) {
             return Err(Error::TooManyMappings { op, count, limit: MAX_MAP_COUNT });
         }

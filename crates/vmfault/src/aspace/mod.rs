@@ -25,6 +25,7 @@
 
 mod access;
 mod atomic;
+mod brk;
 mod file;
 mod fork;
 mod hold;
@@ -65,6 +66,7 @@ use crate::stats::Counter;
 use crate::sync::rank::{self, Rank, Ranked};
 use crate::sync::rcu::{Quiet, RcuReadGuard};
 use crate::types::MappingInfo;
+pub use brk::HEAP_START;
 pub use hold::PageHold;
 pub use usage::{FileRange, MappingUsage};
 use vma::{Lookup, Snapshot, SnapshotRef, Vma, VmaFlags, VmaIndex, VmaTree};
@@ -132,6 +134,8 @@ pub(crate) struct Space {
     /// that objects such a list keeps alive end at the next change that
     /// ends objects, as before lists were filtered by zone.
     takeover_missed: std::sync::atomic::AtomicBool,
+    /// `[L]` (the heap lock `[H]`) the heap's start and break (`brk.rs`).
+    pub(crate) heap: std::sync::Mutex<brk::Heap>,
 }
 
 /// The map lock of the zones a change touches, held for writing. Any
@@ -364,6 +368,7 @@ impl AddressSpace {
                 pmap,
                 publish,
                 takeover_missed: std::sync::atomic::AtomicBool::new(false),
+                heap: Default::default(),
             }
         });
         s.register();

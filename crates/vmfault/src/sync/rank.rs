@@ -21,6 +21,9 @@
 pub(crate) enum Rank {
     /// The unattached threads' shared vCPU slot (`sync::cpu`).
     SharedSlot,
+    /// An address space's heap lock `[H]` (`aspace::brk`): held by `brk`
+    /// around its map-lock hold, and by `fork` around its copy.
+    Heap,
     /// An address space's map lock `[M]` (one per zone with
     /// `map_lock=zoned`; zones nest in ascending address order only, which
     /// `aspace::zones::Zones::write` is the one place to take).

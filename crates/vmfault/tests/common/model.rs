@@ -47,6 +47,9 @@ pub struct Model {
     /// Shared objects' pages that exist (faulted in through any mapping).
     shared_resident: HashSet<(u64, u64)>,
     next_object: u64,
+    /// The heap's break, as a window offset (`None`: at `HEAP_OFF`, where
+    /// the heap starts).
+    brk: Option<u64>,
     /// What the last operation should have produced.
     pub last: Option<Outcome>,
 }
@@ -318,6 +321,7 @@ impl Model {
                 }
                 Outcome::Ok
             }
+            TOp::Brk { off } => self.brk(off),
             TOp::Fork | TOp::Switch(_) | TOp::Exit => unreachable!("the model has one process: {op:?}"),
             TOp::MmapFile { .. } | TOp::Msync { .. } => unreachable!("the model has no files: {op:?}"),
             TOp::Abs(a) => Outcome::Err(match a {
@@ -376,6 +380,35 @@ impl Model {
     /// offset in page, n)` for each accessible piece; the first fault as
     /// (window offset, si_code).
     /// A store of `pattern(seed, len)` at `off` over the pages `ok` allows.
+    /// `brk`: the pages above a lower break go if any is mapped; the pages
+    /// up to a higher one come (read-write, private) if they and the page
+    /// above them are free (the window's top guard is mapped).
+    fn brk(&mut self, want: u64) -> Outcome {
+        let brk = self.brk.unwrap_or(HEAP_OFF);
+        if want < HEAP_OFF {
+            return Outcome::Addr(brk);
+        }
+        let (new, old) = (align_up(want) / P, align_up(brk) / P);
+        let done = if new == old {
+            true
+        } else if want <= brk {
+            let any = self.pages.range(new..old).next().is_some();
+            if any {
+                (new..old).for_each(|p| drop(self.pages.remove(&p)));
+            }
+            any
+        } else if new < WINDOW_PAGES && self.range_free(old, new + 1 - old) {
+            self.map(old, new - old, (libc::PROT_READ | libc::PROT_WRITE) as u32, false, false);
+            true
+        } else {
+            false
+        };
+        if done {
+            self.brk = Some(want);
+        }
+        Outcome::Addr(self.brk.unwrap_or(HEAP_OFF))
+    }
+
     fn write(&mut self, off: u64, len: u64, seed: u8, ok: impl Fn(&Page) -> bool) -> Outcome {
         let pat = pattern(seed, len as usize);
         let mut done = 0;
