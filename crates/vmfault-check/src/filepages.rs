@@ -5,6 +5,9 @@
 
 use crate::ops::{Outcome, P, TOp, WINDOW_PAGES};
 
+/// A window page that may map a file page, or not.
+pub(crate) const UNKNOWN: u64 = u64::MAX;
+
 /// Per process (`None` once exited), per window page: the file page it
 /// maps, if any.
 #[derive(Debug, Clone)]
@@ -39,7 +42,47 @@ impl FilePages {
             }
             (TOp::Mmap { len, .. }, Outcome::Addr(at)) => self.set(*at, *len, |_| None),
             (TOp::Munmap { off, len }, Outcome::Ok) => self.set(*off, *len, |_| None),
+            (&TOp::Mremap { off, old_len, new_len, .. }, Outcome::Addr(at)) => {
+                self.remapped(off, old_len, new_len, Some(*at))
+            }
+            (&TOp::Mremap { off, old_len, new_len, .. }, Outcome::Elsewhere) => {
+                self.remapped(off, old_len, new_len, None)
+            }
             _ => {}
+        }
+    }
+
+    /// An `mremap` of `off..+old_len` to `new_len` bytes that left the
+    /// mapping at `at` (`None`: out of the window). A page it carries keeps
+    /// its file page; a page it adds continues the file from its last
+    /// page; a page of a move that was not a file page becomes
+    /// `UNKNOWN` (a several-mapping move keeps what lies in the gaps at
+    /// the destination, and this table does not know the gaps).
+    fn remapped(&mut self, off: u64, old_len: u64, new_len: u64, at: Option<u64>) {
+        let (old, new) = (old_len.div_ceil(P), new_len.div_ceil(P));
+        let source: Vec<Option<u64>> = (0..old).map(|i| self.fpage(off + i * P)).collect();
+        let next = |i: u64| match source.last().copied().flatten() {
+            Some(last) if i >= old => Some(last + 1 + (i - old)),
+            _ => None,
+        };
+        match at {
+            Some(at) if at == off => {
+                if new < old {
+                    self.set(off + new * P, (old - new) * P, |_| None);
+                } else {
+                    self.set(off + old * P, (new - old) * P, |i| next(old + i));
+                }
+            }
+            _ => {
+                self.set(off, old * P, |_| None);
+                if let Some(at) = at {
+                    self.set(at, new * P, |i| match source.get(i as usize) {
+                        Some(Some(f)) => Some(*f),
+                        Some(None) => Some(UNKNOWN),
+                        None => next(i),
+                    });
+                }
+            }
         }
     }
 

@@ -313,6 +313,19 @@ unsafe fn exec(sh: *mut Shared, base: u64, op: &TOp, fd: i32) -> RawResult {
                 }
             }
             TOp::Munlock { off, len } => unit(libc::munlock((base + off) as *const libc::c_void, len as usize)),
+            TOp::Mremap { off, old_len, new_len, flags, new_off } => {
+                let p = libc::syscall(libc::SYS_mremap, base + off, old_len, new_len, flags, base + new_off);
+                if p == -1 {
+                    RawResult { errno: errno(), ..res(K_ERR) }
+                } else if p as u64 == base + off
+                    || (flags & libc::MREMAP_FIXED as u32 != 0 && p as u64 == base + new_off)
+                {
+                    RawResult { off: p as u64 - base, ..res(K_ADDR) }
+                } else {
+                    libc::munmap(p as *mut libc::c_void, new_len as usize);
+                    res(K_ELSEWHERE)
+                }
+            }
             TOp::Brk { off } => {
                 let r = libc::syscall(libc::SYS_brk, base + off) as u64;
                 RawResult { off: r.wrapping_sub(base), ..res(K_ADDR) }

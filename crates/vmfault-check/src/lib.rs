@@ -159,7 +159,8 @@ fn tail_written_back(op: &TOp, got: &Outcome, want: &Outcome, files: &FilePages)
         && a.len() == b.len()
         && a.iter().zip(b).enumerate().filter(|(_, (x, y))| x != y).all(|(k, _)| {
             let at = off + k as u64;
-            files.fpage(at) == Some(ops::FILE_PAGES) && at % ops::P >= ops::FILE_TAIL
+            matches!(files.fpage(at), Some(p) if p == ops::FILE_PAGES || p == filepages::UNKNOWN)
+                && at % ops::P >= ops::FILE_TAIL
         })
 }
 

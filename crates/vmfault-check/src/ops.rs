@@ -5,7 +5,7 @@
 //! run at different absolute addresses here and in the host kernel.
 
 use proptest::prelude::*;
-use vmfault::{Access, AddressSpace, Advice, Error, MapFlags, MsyncFlags, Prot};
+use vmfault::{Access, AddressSpace, Advice, Error, MapFlags, MremapFlags, MsyncFlags, Prot};
 
 /// A page.
 pub const P: u64 = 4096;
@@ -148,6 +148,19 @@ pub enum TOp {
     Munlock {
         off: u64,
         len: u64,
+    },
+    /// `mremap` of `old_len` bytes at `off` to `new_len` bytes, with raw
+    /// `MREMAP_*` flags and (for `MREMAP_FIXED`) the window offset
+    /// `new_off`: the address after, as `Addr` when it stayed or moved
+    /// where `MREMAP_FIXED` said; `Elsewhere` when it moved where the
+    /// kernel chose (then it is unmapped: the host's choice may be in the
+    /// window, vmfault's never is).
+    Mremap {
+        off: u64,
+        old_len: u64,
+        new_len: u64,
+        flags: u32,
+        new_off: u64,
     },
     /// `brk` to the window offset `off` (any byte; the heap starts at
     /// `HEAP_OFF`): the break after the call, as an offset (`Addr`).
@@ -479,6 +492,18 @@ pub fn run_vmfault_in(
         },
         TOp::Munlock { off, len } => unit(space.munlock(base + off, len)),
         TOp::Brk { off } => Outcome::Addr(space.brk(base + off).wrapping_sub(base)),
+        TOp::Mremap { off, old_len, new_len, flags, new_off } => {
+            match space.mremap(base + off, old_len, new_len, MremapFlags::from_bits_retain(flags), base + new_off) {
+                Err(e) => errno(e),
+                Ok(a) if a == base + off || (flags & libc::MREMAP_FIXED as u32 != 0 && a == base + new_off) => {
+                    Outcome::Addr(a - base)
+                }
+                Ok(a) => {
+                    space.munmap(a, new_len).expect("unmapping a moved mapping");
+                    Outcome::Elsewhere
+                }
+            }
+        }
         TOp::Fork | TOp::Switch(_) | TOp::Exit => unreachable!("process ops are run by the caller: {op:?}"),
         TOp::Abs(a) => {
             let (call, addr, len, prot, flags) = a.args(base);
@@ -770,6 +795,25 @@ pub fn file_op() -> impl Strategy<Value = TOp> {
     prop_oneof![3 => map, 2 => msync]
 }
 
+/// An operation the reference model does not know (it has no VMAs): an
+/// `mremap`, whose results depend on where mappings begin and end.
+pub fn host_op() -> impl Strategy<Value = TOp> {
+    let (m, f) = (libc::MREMAP_MAYMOVE as u32, libc::MREMAP_FIXED as u32);
+    let flags = prop_oneof![3 => Just(0u32), 4 => Just(m), 4 => Just(m | f), 1 => Just(f), 1 => Just(m | 8)];
+    let len = |max: u64| {
+        prop_oneof![
+            1 => Just(0u64),
+            12 => (1..=(max / P).max(1)).prop_map(|p| p * P),
+            2 => 1..=max.max(1),
+        ]
+    };
+    (page_off(), page_off(), flags).prop_flat_map(move |(off, new_off, flags)| {
+        let (old_max, new_max) = ((12 * P).min(W - off), (12 * P).min(W - new_off));
+        (Just(off), len(old_max), len(new_max), Just(flags), Just(new_off & !(P - 1)))
+            .prop_map(|(off, old_len, new_len, flags, new_off)| TOp::Mremap { off, old_len, new_len, flags, new_off })
+    })
+}
+
 /// Give every file mapping its own distance between file page and window
 /// page, so that no two separately made private mappings of the file are
 /// adjacent with contiguous offsets: Linux merges those (no anon_vma
@@ -807,7 +851,7 @@ fn with_files(n: std::ops::RangeInclusive<usize>, files: bool) -> impl Strategy<
             prot: (libc::PROT_READ | libc::PROT_WRITE) as u32,
             flags: ty | libc::MAP_ANONYMOUS as u32,
         });
-    let any = if files { prop_oneof![5 => op(), 1 => file_op()].boxed() } else { op().boxed() };
+    let any = if files { prop_oneof![10 => op(), 2 => file_op(), 1 => host_op()].boxed() } else { op().boxed() };
     (first, prop::collection::vec(any, n)).prop_map(|(f, mut rest)| {
         rest.insert(0, f);
         distinct_file_shifts(&mut rest);

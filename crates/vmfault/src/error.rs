@@ -49,6 +49,8 @@ pub enum Op {
     /// [`AddressSpace::brk`](crate::AddressSpace::brk) and
     /// [`AddressSpace::set_heap_start`](crate::AddressSpace::set_heap_start).
     Brk,
+    /// [`AddressSpace::mremap`](crate::AddressSpace::mremap).
+    Mremap,
     /// [`AddressSpace::host_view`](crate::AddressSpace::host_view) and the
     /// faults and calls of a [`HostView`](crate::HostView).
     HostView,
@@ -76,6 +78,7 @@ impl fmt::Display for Op {
             Op::HostView => "host view",
             Op::Mincore => "mincore",
             Op::Brk => "brk",
+            Op::Mremap => "mremap",
         })
     }
 }
@@ -284,6 +287,18 @@ pub enum Error {
         /// The file's size when the fault read it.
         size: u64,
     },
+    /// The range to remap is not inside one mapping (`EFAULT`, as Linux's
+    /// `mremap` answers): nothing is mapped at `addr`, or `addr + len`
+    /// lies past the end of the mapping there.
+    #[error("{op}: {addr:#x}..+{len:#x} is not inside one mapping")]
+    OutsideMapping {
+        /// The operation.
+        op: Op,
+        /// The start of the range.
+        addr: u64,
+        /// Its length.
+        len: u64,
+    },
     /// Busy (`EBUSY`): `msync(MS_INVALIDATE)` over a locked mapping.
     #[error("{op}: busy: {reason} ({value:#x})")]
     Busy {
@@ -389,7 +404,9 @@ impl Error {
             Error::BadFile { .. } | Error::BadDescriptor { .. } => libc::EBADF,
             Error::Overflow { .. } => libc::EOVERFLOW,
             Error::NotSupported { .. } => libc::EOPNOTSUPP,
-            Error::Segv { .. } | Error::Bus { .. } | Error::PageIo { .. } => libc::EFAULT,
+            Error::Segv { .. } | Error::Bus { .. } | Error::PageIo { .. } | Error::OutsideMapping { .. } => {
+                libc::EFAULT
+            }
             Error::NoCpu { .. } | Error::AlreadyAttached { .. } | Error::Busy { .. } | Error::InUse { .. } => {
                 libc::EBUSY
             }

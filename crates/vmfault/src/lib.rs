@@ -261,5 +261,7 @@ pub use config::{
 };
 pub use error::{Error, Op, Result, SegvCode};
 pub use stats::{Counter, CpuStats, Stats};
-pub use types::{Access, Advice, MMAP_MIN_ADDR, MapFlags, MappingInfo, MsyncFlags, PAGE_SIZE, Prot, TASK_SIZE};
+pub use types::{
+    Access, Advice, MMAP_MIN_ADDR, MapFlags, MappingInfo, MremapFlags, MsyncFlags, PAGE_SIZE, Prot, TASK_SIZE,
+};
 pub use vm::{CpuGuard, Vm};

@@ -184,6 +184,7 @@ stats! {
         caller_grace_waits: "grace periods a vCPU waited for inside an operation (shootdowns, drains, reclaim of old snapshots)",
         mmap_calls: "mmap calls",
         munmap_calls: "munmap calls",
+        mremap_calls: "mremap calls",
         mprotect_calls: "mprotect calls",
         madvise_calls: "madvise calls",
         pages_unmapped: "PTEs cleared by munmap, madvise and mprotect(PROT_NONE)",

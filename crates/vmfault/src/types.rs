@@ -104,6 +104,22 @@ bitflags! {
     }
 }
 
+bitflags! {
+    /// `mremap` flags, as `MREMAP_*`. Bits outside these are `EINVAL`, as
+    /// in Linux.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+    pub struct MremapFlags: u32 {
+        /// `MREMAP_MAYMOVE`: the mapping may move to grow.
+        const MAYMOVE = libc::MREMAP_MAYMOVE as u32;
+        /// `MREMAP_FIXED`: move to exactly `new_addr`, replacing what is
+        /// there (needs `MAYMOVE`).
+        const FIXED = libc::MREMAP_FIXED as u32;
+        /// `MREMAP_DONTUNMAP`: move, and leave the old range mapped and
+        /// empty (needs `MAYMOVE` and the same length).
+        const DONTUNMAP = libc::MREMAP_DONTUNMAP as u32;
+    }
+}
+
 /// The kind of a memory access through the software MMU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Access {

@@ -165,7 +165,7 @@ fn an_object_ended_after_anothers_unlink_waits_for_its_readers() {
             let mut map = s.map_write(ctx, start, end);
             s.reserve_holes_locked(ctx, &map, crate::error::Op::Munmap, start, end).unwrap();
             let carved = map.carve(start, end);
-            s.unmap_locked(ctx, &map, &carved, &mut g, true);
+            s.unmap_locked(ctx, &map, &carved, &mut g, true, None);
             carved
         };
         let unlinked = ctx.env.rcu.cookie();

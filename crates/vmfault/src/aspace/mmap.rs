@@ -214,9 +214,10 @@ impl Space {
                         .map_err(|_| nomem("a private file mapping's object"))?,
                 })
             }
-            (None, true) => {
-                Some(Object::new_anon(ctx, &self.vm.m.env).map_err(|_| nomem("a shared object's page index"))?)
-            }
+            (None, true) => Some(
+                Object::new_shared_anon(ctx, &self.vm.m.env, len >> PAGE_SHIFT)
+                    .map_err(|_| nomem("a shared object's page index"))?,
+            ),
             (None, false) => None,
         };
 
@@ -253,7 +254,7 @@ impl Space {
         self.reserve_holes_locked(ctx, &map, op, start, end)?;
         let carved = map.carve(start, end);
         if !carved.is_empty() {
-            self.unmap_locked(ctx, &map, &carved, &mut g, false);
+            self.unmap_locked(ctx, &map, &carved, &mut g, false, None);
         }
         map.insert(spares::vma(Vma::new(start, end, prot, vflags, pgoff, object)));
         let retired = map.merge_range(start, end);

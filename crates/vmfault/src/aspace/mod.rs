@@ -35,6 +35,7 @@ mod mincore;
 mod mlock;
 mod mmap;
 mod mprotect;
+mod mremap;
 mod munmap;
 mod ptree;
 mod rmap;

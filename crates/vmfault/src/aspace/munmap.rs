@@ -54,7 +54,7 @@ impl Space {
             self.reserve_holes_locked(ctx, &map, op, addr, end)?;
             let carved = map.carve(addr, end);
             if !carved.is_empty() {
-                self.unmap_locked(ctx, &map, &carved, &mut g, true);
+                self.unmap_locked(ctx, &map, &carved, &mut g, true, None);
             }
             carved
         };
@@ -112,7 +112,9 @@ impl Space {
     /// Gathers the frames to free after the grace period and the PTEs
     /// cleared into `g`. With `prune`, page-table pages in
     /// the VMA-free gap around the range are detached too (not when a new
-    /// mapping is about to fill the range).
+    /// mapping is about to fill the range). With `moved` (`mremap`), the
+    /// pages stay in their objects, where a new VMA maps them, and the
+    /// addresses whose PTEs were present are pushed there.
     pub(super) fn unmap_locked(
         &self,
         ctx: &Ctx<'_>,
@@ -120,11 +122,17 @@ impl Space {
         carved: &[Arc<Vma>],
         g: &mut Gather,
         prune: bool,
+        mut moved: Option<&mut Vec<u64>>,
     ) {
         let phys = &ctx.env.phys;
         let id = self.id();
         for v in carved {
-            let n = self.pmap.zap(phys, v.start, v.end, |a, pte| super::pte_cleared(ctx.m, id, a, pte));
+            let n = self.pmap.zap(phys, v.start, v.end, |a, pte| {
+                if let Some(present) = moved.as_deref_mut() {
+                    present.push(a);
+                }
+                super::pte_cleared(ctx.m, id, a, pte)
+            });
             ctx.count_n(Counter::pages_unmapped, n);
             g.zapped(n, v.is_shared());
             // A private object's pages in this range are reachable from this
@@ -132,6 +140,7 @@ impl Space {
             // per address in a space); a shared object keeps its pages. A
             // shadow object leaves holes where its backing would show.
             if !v.is_shared()
+                && moved.is_none()
                 && let Some(o) = v.object.get()
             {
                 o.punch_locked(map, ctx, v.pgoff, v.pindex(v.end), &mut g.frames);

@@ -97,6 +97,10 @@ pub(super) fn resolve_stable(
         };
         match (found, file, object) {
             (_, Some(file), _) => file.fill(ctx, fault.op, fault.addr, pindex)?,
+            // Beyond a shared anonymous object's size (`Object::pages`).
+            (Found::Uncached, None, Some(o)) => {
+                return Err(Error::Bus { addr: fault.addr, pgoff: pindex, size: o.pages << PAGE_SHIFT });
+            }
             (Found::Swapped { depth }, _, Some(o)) => o.page_in(ctx, fault.op, pindex, depth).map_err(|e| match e {
                 Error::Host { errno, .. } => Error::PageIo { addr: fault.addr, errno },
                 e => e,

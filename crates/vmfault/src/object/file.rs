@@ -161,6 +161,7 @@ impl Object {
                 written: Condvar::new(),
                 evictions: AtomicU64::new(0),
             }),
+            u64::MAX,
         )
         .map_err(|_| Error::NoMemory { op: Op::Mmap, what: "a file object's page index" })?;
         map.insert(key, Arc::downgrade(&o));

@@ -104,6 +104,11 @@ pub(crate) struct Object {
     pub(crate) inherited: bool,
     /// `[I]` the file, for a file object (`file.rs`).
     pub(crate) file: Option<FileData>,
+    /// `[I]` for a shared anonymous object, its size in pages (Linux's
+    /// shmem file behind the mapping keeps the size the `mmap` gave it: a
+    /// page at or beyond it, reached through a mapping `mremap` grew, is
+    /// SIGBUS); `u64::MAX` for every other object.
+    pub(crate) pages: u64,
     /// `[S]` the reverse map (its own lock inside, see `rmap.rs`).
     pub(crate) rmap: ObjRmap,
 }
@@ -230,7 +235,12 @@ impl Entry {
 impl Object {
     /// A new anonymous object.
     pub(crate) fn new_anon(ctx: &Cx<'_>, m: &Arc<Env>) -> Result<Arc<Object>, OutOfFrames> {
-        Self::with_backing(ctx, m, None, false, None)
+        Self::with_backing(ctx, m, None, false, None, u64::MAX)
+    }
+
+    /// A new object for a shared anonymous mapping of `pages` pages.
+    pub(crate) fn new_shared_anon(ctx: &Cx<'_>, m: &Arc<Env>, pages: u64) -> Result<Arc<Object>, OutOfFrames> {
+        Self::with_backing(ctx, m, None, false, None, pages)
     }
 
     fn with_backing(
@@ -239,6 +249,7 @@ impl Object {
         below: Option<Arc<Object>>,
         inherited: bool,
         file: Option<FileData>,
+        pages: u64,
     ) -> Result<Arc<Object>, OutOfFrames> {
         let index = Radix::index();
         if let Some(b) = &below {
@@ -260,6 +271,7 @@ impl Object {
                 absorbed: AtomicBool::new(false),
                 inherited,
                 file,
+                pages,
                 rmap: ObjRmap::default(),
             }
         }))

@@ -81,7 +81,7 @@ impl Object {
         below: &Arc<Object>,
         child: bool,
     ) -> Result<Arc<Object>, OutOfFrames> {
-        Self::with_backing(ctx, m, Some(below.clone()), child || below.inherited, None)
+        Self::with_backing(ctx, m, Some(below.clone()), child || below.inherited, None, u64::MAX)
     }
 
     /// Objects in the chain, this one included.
@@ -118,6 +118,11 @@ impl Object {
         section: &'a RcuReadGuard<'_>,
     ) -> Found {
         debug_assert!(slot.is_none_or(|s| s.pindex == pindex), "a slot for another index");
+        if pindex >= self.pages {
+            // Beyond a shared anonymous object's size: SIGBUS (`Space`'s
+            // fault path, as for a file page beyond the end of its file).
+            return Found::Uncached;
+        }
         let mut o = self;
         let mut depth = 0;
         let mut behind_hole = false;

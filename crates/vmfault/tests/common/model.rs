@@ -324,6 +324,7 @@ impl Model {
             TOp::Brk { off } => self.brk(off),
             TOp::Fork | TOp::Switch(_) | TOp::Exit => unreachable!("the model has one process: {op:?}"),
             TOp::MmapFile { .. } | TOp::Msync { .. } => unreachable!("the model has no files: {op:?}"),
+            TOp::Mremap { .. } => unreachable!("the model has no mappings: {op:?}"),
             TOp::Abs(a) => Outcome::Err(match a {
                 AbsOp::MunmapHugeLen | AbsOp::MunmapAboveTask => EINVAL,
                 AbsOp::MprotectAlignOverflow | AbsOp::MprotectWrapEnd => ENOMEM,

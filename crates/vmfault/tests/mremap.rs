@@ -1,0 +1,139 @@
+//! `mremap`: moves that carry pages, growth in place, and the cases where
+//! vmfault's page-offset objects need a copy. Its semantics against the
+//! host kernel are in the differential test (`TOp::Mremap`).
+
+use vmfault::{MapFlags, MremapFlags, PAGE_SIZE as P, Prot, Vm, VmConfig};
+
+fn vm() -> Vm {
+    Vm::new(VmConfig { phys_bytes: 16 << 20, cpus: 2, prefault: false, ..VmConfig::default() }).unwrap()
+}
+
+const RW: Prot = Prot::READ.union(Prot::WRITE);
+const ANON: MapFlags = MapFlags::PRIVATE.union(MapFlags::ANONYMOUS);
+
+#[test]
+fn a_fixed_move_of_several_mappings_keeps_their_gaps() {
+    let space = vm().new_space().unwrap();
+    let base = 0x1000_0000;
+    space.mmap(base, 2 * P, RW, ANON | MapFlags::FIXED).unwrap();
+    space.mmap(base + 3 * P, 2 * P, Prot::READ, ANON | MapFlags::FIXED).unwrap();
+    space.write(base, b"first").unwrap();
+    let to = 0x2000_0000;
+    let got = space.mremap(base, 5 * P, 5 * P, MremapFlags::MAYMOVE | MremapFlags::FIXED, to).unwrap();
+    assert_eq!(got, to);
+    let maps: Vec<_> = space.mappings().iter().map(|m| (m.start, m.end)).collect();
+    assert_eq!(maps, vec![(to, to + 2 * P), (to + 3 * P, to + 5 * P)]);
+    let mut b = [0u8; 5];
+    space.read(to, &mut b).unwrap();
+    assert_eq!(&b, b"first");
+}
+
+#[test]
+fn growing_in_place_keeps_the_address_and_the_data() {
+    let space = vm().new_space().unwrap();
+    let a = space.mmap(0, 2 * P, RW, ANON).unwrap();
+    space.write(a + P, b"tail").unwrap();
+    space.munmap(a + 2 * P, 8 * P).ok();
+    assert_eq!(space.mremap(a, 2 * P, 6 * P, MremapFlags::empty(), 0).unwrap(), a);
+    let mut b = [0u8; 4];
+    space.read(a + P, &mut b).unwrap();
+    assert_eq!(&b, b"tail");
+    space.read(a + 5 * P, &mut b).unwrap();
+    assert_eq!(b, [0; 4], "the new pages read as zeros");
+    assert_eq!(space.mappings().len(), 1);
+}
+
+#[test]
+fn a_move_carries_data_and_residency() {
+    let space = vm().new_space().unwrap();
+    let a = space.mmap(0, 4 * P, RW, ANON).unwrap();
+    space.write(a, b"zero").unwrap();
+    space.write(a + 2 * P, b"two").unwrap();
+    let mut b = [0u8; 1];
+    space.read(a + 3 * P, &mut b).unwrap(); // the zero page
+    let to = space.mmap(0, 4 * P, Prot::NONE, ANON).unwrap();
+    space.munmap(to, 4 * P).unwrap();
+    assert_eq!(space.mremap(a, 4 * P, 4 * P, MremapFlags::MAYMOVE | MremapFlags::FIXED, to).unwrap(), to);
+    assert_eq!(space.mincore(to, 4 * P).unwrap(), vec![1, 0, 1, 1]);
+    let mut b = [0u8; 4];
+    space.read(to, &mut b).unwrap();
+    assert_eq!(&b, b"zero");
+    assert!(space.read(a, &mut b).is_err());
+}
+
+/// Part of a mapping moves and grows: its new pages must read as zeros,
+/// not as the pages the rest of the mapping holds at the page offsets that
+/// follow the moved part's (pages live in their object by page offset).
+#[test]
+fn a_part_moved_and_grown_does_not_see_the_rest() {
+    let space = vm().new_space().unwrap();
+    let a = space.mmap(0, 6 * P, RW, ANON).unwrap();
+    for i in 0..6u8 {
+        space.write(a + u64::from(i) * P, &[i + 1; 8]).unwrap();
+    }
+    let b = space.mremap(a, 2 * P, 6 * P, MremapFlags::MAYMOVE, 0).unwrap();
+    assert_ne!(a, b, "the rest of the mapping is in the way: it moved");
+    let mut got = [0u8; 8];
+    for i in 0..6u64 {
+        space.read(b + i * P, &mut got).unwrap();
+        let want = if i < 2 { [i as u8 + 1; 8] } else { [0; 8] };
+        assert_eq!(got, want, "page {i} of the moved part");
+    }
+    // Gone from the old place; the rest is untouched.
+    assert!(space.read(a, &mut got).is_err());
+    for i in 2..6u64 {
+        space.read(a + i * P, &mut got).unwrap();
+        assert_eq!(got, [i as u8 + 1; 8], "page {i} of the rest");
+    }
+    // And the rest grown back over the old place sees zeros there.
+    space.mmap(a, 2 * P, RW, ANON | MapFlags::FIXED).unwrap();
+    space.read(a, &mut got).unwrap();
+    assert_eq!(got, [0; 8]);
+}
+
+#[test]
+fn a_grown_shared_anonymous_mapping_is_sigbus_beyond_its_size() {
+    let space = vm().new_space().unwrap();
+    let a = space.mmap(0, 2 * P, RW, MapFlags::SHARED | MapFlags::ANONYMOUS).unwrap();
+    space.munmap(a + 2 * P, 4 * P).ok();
+    let b = space.mremap(a, 2 * P, 4 * P, MremapFlags::MAYMOVE, 0).unwrap();
+    space.write(b + P, b"in").unwrap();
+    let e = space.write(b + 2 * P, b"out").unwrap_err();
+    assert!(matches!(e, vmfault::Error::Bus { .. }), "{e}");
+}
+
+#[test]
+fn a_locked_mapping_moves_locked() {
+    let vm = vm();
+    let space = vm.new_space().unwrap();
+    let a = space.mmap(0, 3 * P, RW, ANON | MapFlags::LOCKED).unwrap();
+    assert_eq!(vm.stats().wired_pages, 3);
+    let to = 0x3000_0000;
+    space.mremap(a, 3 * P, 5 * P, MremapFlags::MAYMOVE | MremapFlags::FIXED, to).unwrap();
+    assert!(space.mappings()[0].locked);
+    assert_eq!(vm.stats().wired_pages, 5, "moved pages wired again, new ones populated");
+}
+
+#[test]
+fn bad_arguments_are_linux_errors() {
+    let space = vm().new_space().unwrap();
+    let a = space.mmap(0, 2 * P, RW, ANON).unwrap();
+    let e = |r: vmfault::Result<u64>| r.unwrap_err().errno();
+    assert_eq!(e(space.mremap(a, P, 2 * P, MremapFlags::from_bits_retain(8), 0)), libc::EINVAL);
+    assert_eq!(e(space.mremap(a + 1, P, 2 * P, MremapFlags::MAYMOVE, 0)), libc::EINVAL);
+    assert_eq!(e(space.mremap(a, P, 0, MremapFlags::MAYMOVE, 0)), libc::EINVAL);
+    assert_eq!(e(space.mremap(a, P, P, MremapFlags::FIXED, 0x4000_0000)), libc::EINVAL, "FIXED without MAYMOVE");
+    assert_eq!(
+        e(space.mremap(a, 2 * P, 2 * P, MremapFlags::MAYMOVE | MremapFlags::FIXED, a + P)),
+        libc::EINVAL,
+        "overlap"
+    );
+    assert_eq!(e(space.mremap(a, 0, P, MremapFlags::MAYMOVE, 0)), libc::EINVAL, "duplicating a private mapping");
+    assert_eq!(e(space.mremap(a + 8 * P, P, 2 * P, MremapFlags::MAYMOVE, 0)), libc::EFAULT, "nothing there");
+    assert_eq!(e(space.mremap(a, 3 * P, 4 * P, MremapFlags::MAYMOVE, 0)), libc::EFAULT, "past the mapping's end");
+    assert_eq!(
+        e(space.mremap(a, P, P, MremapFlags::MAYMOVE | MremapFlags::DONTUNMAP, 0x4000_0000)),
+        libc::EINVAL,
+        "not modelled"
+    );
+}
