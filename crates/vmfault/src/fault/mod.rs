@@ -161,16 +161,12 @@ impl Abort {
         }
     }
 
+    /// The name its trace event carries: the counter's it counts under
+    /// (the `spf_*` names of the speculative page fault series), so that
+    /// a trace and `vmfault stat` speak alike; `spf_no_vma` for the one
+    /// that counts nothing (the classic path decides).
     fn name(self) -> &'static str {
-        match self {
-            Abort::NoVma => "no_vma",
-            Abort::VmaChanged => "vma_changed",
-            Abort::NoAnon => "vma_noanon",
-            Abort::Access => "vma_access",
-            Abort::PmdChanged => "pmd_changed",
-            Abort::NoMem => "nomem",
-            Abort::Io => "file_io",
-        }
+        self.counter().map_or("spf_no_vma", Counter::name)
     }
 }
 
