@@ -161,9 +161,41 @@ impl AddressSpace {
     }
 }
 
+/// How many PTEs, in every space, map `pfn`, page `pindex` of `owner`
+/// (the object that holds it): Linux's `page_mapcount`, which smaps'
+/// `Pss` and its shared and private figures divide by. Each candidate is
+/// counted once, and only if its PTE maps the page now. Call with no RCU
+/// section open (the candidates hold spaces, whose last reference may go
+/// here).
+pub(super) fn mapcount(ctx: &crate::machine::Ctx<'_>, owner: &Arc<Object>, pindex: u64, pfn: Pfn) -> u64 {
+    let m = ctx.m;
+    let mut found = candidates(m, owner, pindex, pfn);
+    found.sort_by_key(|(s, a)| (s.id(), *a));
+    found.dedup_by_key(|(s, a)| (s.id(), *a));
+    let n = {
+        // Page-table pages are freed after a grace period: this section
+        // keeps every candidate's tables readable.
+        let _section = ctx.rcu_read();
+        found
+            .iter()
+            .filter(|(s, a)| {
+                let pte = s.pmap.pte_now(&m.phys, *a);
+                pte.is_present() && pte.pfn() == pfn
+            })
+            .count()
+    };
+    drop(found);
+    n as u64
+}
+
 /// The object in `top`'s chain that holds `pfn` at `pindex` (the walk
 /// starts there: its records and everything above it).
-fn owner_of(top: &Arc<Object>, pindex: u64, pfn: Pfn, section: &crate::sync::rcu::RcuReadGuard<'_>) -> Arc<Object> {
+pub(super) fn owner_of(
+    top: &Arc<Object>,
+    pindex: u64,
+    pfn: Pfn,
+    section: &crate::sync::rcu::RcuReadGuard<'_>,
+) -> Arc<Object> {
     let mut o = top.clone();
     loop {
         if o.holds(pindex, pfn) {

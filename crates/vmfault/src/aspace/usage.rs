@@ -1,11 +1,20 @@
 //! What each mapping uses: the fields of Linux's `/proc/PID/smaps` that
-//! vmfault has (`Rss`, `Anonymous`, `Swap`, `Locked`, and the file and
-//! offset columns of `/proc/PID/maps`).
+//! vmfault has (`Rss`, `Pss`, `Shared_Clean`, `Shared_Dirty`,
+//! `Private_Clean`, `Private_Dirty`, `Anonymous`, `Swap`, `Locked`, and the
+//! file and offset columns of `/proc/PID/maps`).
 //!
 //! Counted by walking each mapping's pages under the map lock for reading
-//! (each page in its own read-side section): the time grows with the size
-//! of the mappings, as reading `smaps` does in Linux. A figure is a
-//! snapshot; faults and the page daemon go on meanwhile.
+//! (each page in its own read-side section), then, for each resident page,
+//! the PTEs that map it in every space (a reverse-map walk: Linux's
+//! `page_mapcount`): the time grows with the size of the mappings and the
+//! sharing, as reading `smaps` does in Linux. A figure is a snapshot;
+//! faults and the page daemon go on meanwhile.
+//!
+//! A page is shared when more than one PTE maps it, dirty when a store
+//! went through its PTE, when it is a file page not yet written back, or
+//! when it is anonymous memory of a private mapping (Linux keeps such a
+//! page dirty but for two cases vmfault does not track: a page read back
+//! from swap and not written since, and one `MADV_FREE` gave back).
 
 use super::vma::{Lookup, Vma};
 use super::{AddressSpace, Space};
@@ -42,8 +51,20 @@ pub struct MappingUsage {
     /// `Swap`: bytes paged out to swap that a fault in this mapping would
     /// read back.
     pub swap: u64,
-    /// `Locked`: `rss` of an `mlock`ed mapping, 0 otherwise.
+    /// `Locked`: `pss` of an `mlock`ed mapping, 0 otherwise.
     pub locked: u64,
+    /// `Pss`: each resident page's size divided by the number of PTEs
+    /// that map it, in every space (bytes, rounded down as Linux's kB
+    /// figure is).
+    pub pss: u64,
+    /// `Shared_Clean`: bytes of resident pages more than one PTE maps, clean.
+    pub shared_clean: u64,
+    /// `Shared_Dirty`: the same, dirty.
+    pub shared_dirty: u64,
+    /// `Private_Clean`: bytes of resident pages only this PTE maps, clean.
+    pub private_clean: u64,
+    /// `Private_Dirty`: the same, dirty.
+    pub private_dirty: u64,
 }
 
 impl AddressSpace {
@@ -107,26 +128,55 @@ impl Space {
             anonymous: 0,
             swap: 0,
             locked: 0,
+            pss: 0,
+            shared_clean: 0,
+            shared_dirty: 0,
+            private_clean: 0,
+            private_dirty: 0,
         };
+        // The resident pages: (page index, frame, its object, dirty).
+        let mut resident = Vec::new();
         let mut a = v.start;
         while a < v.end {
             let section = ctx.rcu_read();
             let pte = self.pmap.pte_now(phys, a);
             let pindex = v.pindex(a);
             if pte.is_present() && pte.pfn() != zero {
+                let pfn = pte.pfn();
                 u.rss += PAGE_SIZE;
+                let files = file.as_ref().is_some_and(|f| f.holds(pindex, pfn));
                 // Anonymous: a private mapping's page that is not the
                 // file's own.
-                if !v.is_shared() && !file.as_ref().is_some_and(|f| f.holds(pindex, pte.pfn())) {
+                let anonymous = !v.is_shared() && !files;
+                if anonymous {
                     u.anonymous += PAGE_SIZE;
                 }
+                let dirty =
+                    pte.is_dirty() || anonymous || (files && file.as_ref().is_some_and(|f| f.holds_dirty(pindex, pfn)));
+                let owner = object.map(|o| super::rmap::owner_of(o, pindex, pfn, &section));
+                resident.push((pindex, pfn, owner, dirty));
             } else if object.is_some_and(|o| matches!(o.find(pindex, &section), Found::Swapped { .. })) {
                 u.swap += PAGE_SIZE;
             }
             a += PAGE_SIZE;
         }
+        // Linux's fixed point for `Pss` (`PSS_SHIFT`).
+        const SHIFT: u32 = 12;
+        let mut pss = 0u64;
+        for (pindex, pfn, owner, dirty) in resident {
+            let n = owner.map_or(1, |o| super::rmap::mapcount(ctx, &o, pindex, pfn)).max(1);
+            pss += (PAGE_SIZE << SHIFT) / n;
+            let figure = match (n > 1, dirty) {
+                (true, false) => &mut u.shared_clean,
+                (true, true) => &mut u.shared_dirty,
+                (false, false) => &mut u.private_clean,
+                (false, true) => &mut u.private_dirty,
+            };
+            *figure += PAGE_SIZE;
+        }
+        u.pss = pss >> SHIFT;
         if u.info.locked {
-            u.locked = u.rss;
+            u.locked = u.pss;
         }
         u
     }

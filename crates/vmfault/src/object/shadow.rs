@@ -159,6 +159,13 @@ impl Object {
         self.entry(pindex).maps(pfn)
     }
 
+    /// Whether this object itself holds `pfn` at `pindex`, marked dirty (a
+    /// file page a shared mapping wrote and write-back has not cleaned).
+    pub(crate) fn holds_dirty(&self, pindex: u64, pfn: Pfn) -> bool {
+        let e = self.entry(pindex);
+        e.maps(pfn) && e.is_dirty()
+    }
+
     /// The object below this one, if any.
     pub(crate) fn below(&self, section: &RcuReadGuard<'_>) -> Option<Arc<Object>> {
         self.backing.read(section).clone()

@@ -68,6 +68,13 @@ impl Pte {
         Pte(self.0 & !WIRED)
     }
 
+    /// Whether a store went through this PTE (it was made by a write
+    /// fault).
+    #[inline]
+    pub(crate) fn is_dirty(self) -> bool {
+        self.0 & DIRTY != 0
+    }
+
     /// Whether anything is mapped.
     #[inline]
     pub(crate) fn is_present(self) -> bool {
