@@ -61,8 +61,12 @@ impl FilePages {
     fn remapped(&mut self, off: u64, old_len: u64, new_len: u64, at: Option<u64>) {
         let (old, new) = (old_len.div_ceil(P), new_len.div_ceil(P));
         let source: Vec<Option<u64>> = (0..old).map(|i| self.fpage(off + i * P)).collect();
-        let next = |i: u64| match source.last().copied().flatten() {
-            Some(last) if i >= old => Some(last + 1 + (i - old)),
+        // With `old_len` 0 (a second mapping of a shared one), the file
+        // continues from the page at `off`.
+        let first = self.fpage(off);
+        let next = |i: u64| match (source.last().copied(), first) {
+            (Some(Some(last)), _) if i >= old => Some(last + 1 + (i - old)),
+            (None, Some(f)) if f != UNKNOWN => Some(f + i),
             _ => None,
         };
         match at {
@@ -117,5 +121,24 @@ mod tests {
         assert_eq!(fp.fpage(3 * P), Some(40), "the child kept its mapping");
         fp.apply(&TOp::Mmap { place: Place::Fixed, off: 0, len: 3 * P, prot: 3, flags: 0x32 }, &Outcome::Addr(0));
         assert_eq!((fp.fpage(2 * P), fp.fpage(3 * P)), (None, Some(40)));
+    }
+
+    #[test]
+    fn follows_mremap() {
+        let mut fp = FilePages::new();
+        let map = TOp::MmapFile { place: Place::Fixed, off: 2 * P, len: 2 * P, prot: 3, shared: true, fpage: 10 };
+        fp.apply(&map, &Outcome::Addr(2 * P));
+        // Grown in place: the file goes on.
+        let grow = TOp::Mremap { off: 2 * P, old_len: 2 * P, new_len: 3 * P, flags: 0, new_off: 0 };
+        fp.apply(&grow, &Outcome::Addr(2 * P));
+        assert_eq!(fp.fpage(4 * P), Some(12));
+        // A second mapping of it (old_len 0) elsewhere in the window.
+        let dup = TOp::Mremap { off: 3 * P, old_len: 0, new_len: 2 * P, flags: 3, new_off: 8 * P };
+        fp.apply(&dup, &Outcome::Addr(8 * P));
+        assert_eq!((fp.fpage(8 * P), fp.fpage(9 * P), fp.fpage(3 * P)), (Some(11), Some(12), Some(11)));
+        // Moved out of the window: gone here.
+        let away = TOp::Mremap { off: 2 * P, old_len: 3 * P, new_len: 3 * P, flags: 1, new_off: 0 };
+        fp.apply(&away, &Outcome::Elsewhere);
+        assert_eq!(fp.fpage(2 * P), None);
     }
 }

@@ -580,14 +580,19 @@ unsafe fn child(sh: *mut Shared, ops: &[TOp], owner: &[u8], fork_id: &[u8], fd: 
     unsafe {
         libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
         let total = (W + 2 * GUARD) as usize;
-        let r = libc::mmap(
-            ptr::null_mut(),
-            total,
-            libc::PROT_NONE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        );
+        // At vmfault's address if it is free: far below the kernel's
+        // top-down area, so that a mapping the kernel places (an
+        // `mremap` that moves where it likes) never lands in a hole of the
+        // window, as vmfault's never does.
+        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+        let want = (VM_BASE - GUARD) as *mut libc::c_void;
+        let mut r = libc::mmap(want, total, libc::PROT_NONE, flags | libc::MAP_FIXED_NOREPLACE, -1, 0);
+        if r != want {
+            if r != libc::MAP_FAILED {
+                libc::munmap(r, total);
+            }
+            r = libc::mmap(ptr::null_mut(), total, libc::PROT_NONE, flags, -1, 0);
+        }
         if r == libc::MAP_FAILED {
             libc::_exit(3);
         }

@@ -855,6 +855,13 @@ fn with_files(n: std::ops::RangeInclusive<usize>, files: bool) -> impl Strategy<
     (first, prop::collection::vec(any, n)).prop_map(|(f, mut rest)| {
         rest.insert(0, f);
         distinct_file_shifts(&mut rest);
+        // Where a private file mapping is, the layouts are compared merged
+        // (a documented difference in where its VMAs split: see
+        // `file_op`), and `mremap` sees those splits (`EFAULT` past a
+        // VMA's end): no `mremap` there.
+        if rest.iter().any(|op| matches!(op, TOp::MmapFile { shared: false, .. })) {
+            rest.retain(|op| !matches!(op, TOp::Mremap { .. }));
+        }
         rest
     })
 }

@@ -137,3 +137,114 @@ fn bad_arguments_are_linux_errors() {
         "not modelled"
     );
 }
+
+/// Part of a private file mapping moves: it keeps its private copy, the
+/// rest keeps its own, and unmapping the rest frees nothing the moved part
+/// maps.
+#[test]
+fn a_part_of_a_private_file_mapping_moves_with_its_copies() {
+    let dir = std::env::temp_dir().join(format!("vmfault-mremap-{}", std::process::id()));
+    std::fs::write(&dir, vec![b'f'; 4 * 4096]).unwrap();
+    let file = std::fs::OpenOptions::new().read(true).write(true).open(&dir).unwrap();
+    let space = vm().new_space().unwrap();
+    let v = space.mmap_file(0, 4 * P, RW, MapFlags::PRIVATE, &file, 0).unwrap();
+    space.write(v + 2 * P, b"priv").unwrap();
+    let to = space.mremap(v, P, 4 * P, MremapFlags::MAYMOVE, 0).unwrap();
+    let mut b = [0u8; 4];
+    space.read(to + 2 * P, &mut b).unwrap();
+    assert_eq!(&b, b"ffff", "the moved part's offset 2 is the file's page, not the rest's copy");
+    space.read(v + 2 * P, &mut b).unwrap();
+    assert_eq!(&b, b"priv");
+    space.munmap(v + P, 3 * P).unwrap();
+    space.read(to + 2 * P, &mut b).unwrap();
+    assert_eq!(&b, b"ffff");
+    std::fs::remove_file(&dir).unwrap();
+}
+
+/// In a fork child, a mapping grown over offsets its neighbour had before
+/// the fork shows zeros there, not the neighbour's old pages.
+#[test]
+fn growing_after_fork_does_not_show_a_former_neighbour() {
+    let vm = vm();
+    let parent = vm.new_space().unwrap();
+    let a = parent.mmap(0, 4 * P, RW, ANON).unwrap();
+    parent.write(a + 2 * P, b"secret").unwrap();
+    parent.mprotect(a + 2 * P, 2 * P, Prot::READ).unwrap();
+    let child = parent.fork().unwrap();
+    child.munmap(a + 2 * P, 2 * P).unwrap();
+    assert_eq!(child.mremap(a, 2 * P, 4 * P, MremapFlags::empty(), 0).unwrap(), a);
+    let mut b = [0u8; 6];
+    child.read(a + 2 * P, &mut b).unwrap();
+    assert_eq!(b, [0; 6]);
+    // The same through a move.
+    let c2 = parent.fork().unwrap();
+    c2.munmap(a + 2 * P, 2 * P).unwrap();
+    let to = c2.mremap(a, 2 * P, 4 * P, MremapFlags::MAYMOVE | MremapFlags::FIXED, 0x5000_0000).unwrap();
+    c2.read(to + 2 * P, &mut b).unwrap();
+    assert_eq!(b, [0; 6]);
+}
+
+/// Memory over-committed to swap: a part of a mapping moves (by copy),
+/// its pages in swap with it.
+#[test]
+fn pages_in_swap_move_by_copy_too() {
+    let path = std::env::temp_dir().join(format!("vmfault-mremap-swap-{}", std::process::id()));
+    let config = VmConfig {
+        phys_bytes: 256 * P,
+        swap_bytes: 1024 * P,
+        cpus: 2,
+        prefault: false,
+        swap: Some(path),
+        ..VmConfig::default()
+    };
+    let vm = Vm::new(config).unwrap();
+    let space = vm.new_space().unwrap();
+    let n = 600;
+    let a = space.mmap(0, n * P, RW, ANON).unwrap();
+    for i in 0..n {
+        space.write(a + i * P, &(i as u32).to_le_bytes()).unwrap();
+    }
+    assert!(vm.stats().pageouts > 0, "paged out");
+    let to = 0x6000_0000;
+    assert_eq!(space.mremap(a, n / 2 * P, n / 2 * P, MremapFlags::MAYMOVE | MremapFlags::FIXED, to).unwrap(), to);
+    let mut b = [0u8; 4];
+    for i in 0..n {
+        let at = if i < n / 2 { to + i * P } else { a + i * P };
+        space.read(at, &mut b).unwrap();
+        assert_eq!(u32::from_le_bytes(b), i as u32, "page {i}");
+    }
+}
+
+#[test]
+fn a_shrink_past_the_address_space_is_einval() {
+    let space = vm().new_space().unwrap();
+    let a = space.mmap(0, 2 * P, RW, ANON).unwrap();
+    let e = space.mremap(a, 1 << 46, P, MremapFlags::empty(), 0).unwrap_err();
+    assert_eq!(e.errno(), libc::EINVAL, "{e}");
+    assert_eq!(space.mappings().len(), 1, "nothing unmapped");
+}
+
+/// A several-mapping move of pieces that share an object (one mapping
+/// split by `mprotect`) gives the pieces one new object: once their
+/// protections agree again they merge, as Linux's pieces (one anon_vma)
+/// do.
+#[test]
+fn pieces_moved_together_merge_again() {
+    let space = vm().new_space().unwrap();
+    let a = space.mmap(0, 0x28 * P, RW, ANON).unwrap();
+    space.write(a + 0x10 * P, b"x").unwrap();
+    space.mprotect(a + 0x14 * P, 7 * P, Prot::READ).unwrap();
+    let to = 0x7000_0000;
+    space.mremap(a + 0x10 * P, 7 * P, 7 * P, MremapFlags::MAYMOVE | MremapFlags::FIXED, to).unwrap();
+    space.mprotect(to + 4 * P, 3 * P, RW).unwrap();
+    let moved: Vec<_> = space
+        .mappings()
+        .into_iter()
+        .filter(|m| (to..to + 0x100 * P).contains(&m.start))
+        .map(|m| (m.start, m.end))
+        .collect();
+    assert_eq!(moved, vec![(to, to + 7 * P)]);
+    let mut b = [0u8; 1];
+    space.read(to, &mut b).unwrap();
+    assert_eq!(&b, b"x");
+}

@@ -1,17 +1,29 @@
 //! `mremap`: shrink, grow in place, or move a mapping (Linux's
 //! `mm/mremap.c`, its checks in its order).
 //!
-//! A move keeps what the mapping maps: the new VMA names the old one's
-//! object at the same page offsets (an anonymous private VMA with no
-//! object yet takes the new address's offsets instead, as Linux's
-//! `copy_vma` does for a VMA without an `anon_vma`), and the old range is
-//! cut out of the index without taking its pages out of their objects.
-//! Linux moves the page tables; here the old PTEs are cleared and, once
-//! the map lock is dropped, the pages whose PTEs were present are faulted
-//! in at their new addresses (a locked mapping's, wired again), so that
-//! what was resident stays resident. A grown shared anonymous mapping
-//! keeps its object's size: its pages beyond are SIGBUS, as on Linux
-//! (`Object::pages`).
+//! Here a page lives in its object at its page offset (Linux finds an
+//! anonymous page through its PTE instead), and every mapping of a private
+//! object keeps one distance between address and offset, so offsets never
+//! meet. A move keeps that:
+//!
+//! - A shared mapping, or a private one that moves whole and is its
+//!   object's only mapping, keeps its object at the same page offsets (an
+//!   anonymous private VMA with no object yet takes the new address's
+//!   offsets instead, as Linux's `copy_vma` does for a VMA without an
+//!   `anon_vma`); the old range is cut out of the index without taking its
+//!   pages out of their objects. Linux moves the page tables; here the old
+//!   PTEs are cleared and, once the map lock is dropped, the pages whose
+//!   PTEs were present are faulted in at their new addresses (a locked
+//!   mapping's, wired again), so that what was resident stays resident.
+//! - Any other private mapping moves by copy (`Change::copy_to`): a new
+//!   object, the private pages copied after the lock (those in swap read
+//!   back for it), then the old range unmapped.
+//! - A private mapping that grows (in place or moving) gets holes over
+//!   the new offsets in its object, so that nothing an object below holds
+//!   there (a page of a former neighbour, before a `fork`) shows.
+//!
+//! A grown shared anonymous mapping keeps its object's size: its pages
+//! beyond are SIGBUS, as on Linux (`Object::pages`).
 //!
 //! The whole call holds the map lock of every zone: it is rare, and a move
 //! can go anywhere.
@@ -25,6 +37,7 @@ use super::vma::{Lookup, Removed, Vma, VmaFlags, VmaIndex};
 use super::{AddressSpace, MAX_MAP_COUNT, MapWrite, Space};
 use crate::error::{Error, Op, Result};
 use crate::machine::Ctx;
+use crate::object::{Found, Object};
 use crate::stats::Counter;
 use crate::types::{Access, MremapFlags, PAGE_SHIFT, PAGE_SIZE, TASK_SIZE, is_page_aligned, page_align_up};
 
@@ -37,9 +50,20 @@ struct Remapped {
     present: Vec<u64>,
     /// Locked mappings that moved or grew: fault in and wire them all.
     locked: Vec<(u64, u64)>,
-    /// Moves done by copying (`from`, `to`, `len`): then `from..+len` is
-    /// unmapped.
-    copies: Vec<(u64, u64, u64)>,
+    /// Moves done by copying.
+    copies: Vec<CopyMove>,
+}
+
+/// A move done by copying (`Change::copy_to`).
+struct CopyMove {
+    /// The old range, unmapped once the pages are copied.
+    from: u64,
+    old_len: u64,
+    /// The new range, unmapped again if a copy fails.
+    to: u64,
+    new_len: u64,
+    /// The offsets of the pages to copy.
+    pages: Vec<u64>,
 }
 
 impl Remapped {
@@ -75,9 +99,16 @@ impl AddressSpace {
     /// a zero or too large `new_len`, `FIXED` without `MAYMOVE`, ranges
     /// that overlap, `old_len` 0 on a private mapping (`EINVAL`); nothing
     /// mapped at `addr`, or `addr + old_len` past its mapping's end
-    /// (`EFAULT`); no room (`ENOMEM`). `DONTUNMAP` is not modelled
-    /// (`EINVAL`; Linux moves the pages and leaves the old range mapped
-    /// and empty).
+    /// (`EFAULT`); no room (`ENOMEM`), or no memory for a move by copy
+    /// (then the old mapping stays). `DONTUNMAP` is not modelled (`EINVAL`;
+    /// Linux moves the pages and leaves the old range mapped and empty).
+    ///
+    /// A move of part of a private mapping, or of one whose object other
+    /// mappings share, copies its private pages (see the module docs): it
+    /// needs memory for both copies until the old range goes, breaks the
+    /// sharing with the other side of a `fork`, and runs after the map lock
+    /// is dropped, so another vCPU's change of either range meanwhile is
+    /// not ordered with it.
     ///
     /// ```
     /// use vmfault::{MapFlags, MremapFlags, Prot, Vm, VmConfig};
@@ -102,27 +133,34 @@ impl AddressSpace {
             ctx.count(Counter::mremap_calls);
             s.mremap(ctx, addr, old_len, new_len, flags, new_addr)
         })?;
-        for &(from, to, len) in &done.copies {
-            self.copy_resident(from, to, len);
+        for copy in &done.copies {
+            self.copy_pages(copy)?;
         }
         s.refill(&done);
         Ok(done.addr)
     }
 
-    /// A move by copy (see `Change::move_to`): the resident pages of
-    /// `from..from+len` are copied to `to` with a debugger's accesses
-    /// (whatever the protection), then the old range goes.
-    fn copy_resident(&self, from: u64, to: u64, len: u64) {
-        let resident = self.mincore(from, len).unwrap_or_default();
+    /// A move by copy (see `Change::copy_to`): the pages are copied with a
+    /// debugger's accesses (whatever the protection), then the old range
+    /// goes. If a page cannot be copied (its swap read fails, memory runs
+    /// out), the new range goes instead and the error is the call's: the
+    /// old mapping stays as it was.
+    fn copy_pages(&self, copy: &CopyMove) -> Result<()> {
+        let s = &self.s;
         let mut page = vec![0u8; PAGE_SIZE as usize];
-        for (i, r) in resident.iter().enumerate() {
-            let at = i as u64 * PAGE_SIZE;
-            if r & 1 != 0 && self.read_remote(from + at, &mut page, true).is_ok() {
-                let _ = self.write_remote(to + at, &page, true);
+        for &off in &copy.pages {
+            let copied = self
+                .read_remote(copy.from + off, &mut page, true)
+                .and_then(|()| self.write_remote(copy.to + off, &page, true));
+            if let Err(e) = copied {
+                let _ = s.vm.with_ctx(|ctx| s.munmap(ctx, copy.to, copy.new_len));
+                return Err(e);
             }
         }
-        let s = &self.s;
-        let _ = s.vm.with_ctx(|ctx| s.munmap(ctx, from, len));
+        if copy.old_len > 0 {
+            s.vm.with_ctx(|ctx| s.munmap(ctx, copy.from, copy.old_len))?;
+        }
+        Ok(())
     }
 }
 
@@ -187,8 +225,15 @@ impl Space {
         let mut replaced = Removed::new();
         let result = {
             let mut map = self.map_write_all(ctx);
-            let mut change =
-                Change { space: self, ctx, map: &mut map, g: &mut g, removed: &mut removed, replaced: &mut replaced };
+            let mut change = Change {
+                space: self,
+                ctx,
+                map: &mut map,
+                g: &mut g,
+                removed: &mut removed,
+                replaced: &mut replaced,
+                fresh: Vec::new(),
+            };
             change.remap(addr, old_len, new_len, flags, new_addr)
         };
         removed.sort_by_key(|v| v.start);
@@ -226,6 +271,11 @@ struct Change<'a, 'm> {
     removed: &'a mut Removed,
     /// VMAs replaced by a larger copy or merged away (no PTE changed).
     replaced: &'a mut Removed,
+    /// The objects made for moves by copy, by the object they replace:
+    /// the pieces of one several-mapping move that shared an object share
+    /// its replacement (they moved by the same distance), as Linux's keep
+    /// their one anon_vma.
+    fresh: Vec<(Arc<Object>, Arc<Object>)>,
 }
 
 impl Change<'_, '_> {
@@ -252,7 +302,7 @@ impl Change<'_, '_> {
             self.unmap(new_addr, new_addr + new_len, false)?;
             let mut old_len = old_len;
             if old_len > new_len {
-                self.unmap(addr + new_len, addr + old_len, true)?;
+                self.unmap(addr + new_len, addr.saturating_add(old_len), true)?;
                 old_len = new_len;
             }
             // Looked up again: with `old_len` 0 the destination may have
@@ -263,13 +313,13 @@ impl Change<'_, '_> {
         if old_len >= new_len {
             // Always allowed: unmap the tail (across mappings too).
             if old_len > new_len {
-                self.unmap(addr + new_len, addr + old_len, true)?;
+                self.unmap(addr + new_len, addr.saturating_add(old_len), true)?;
             }
             return Ok(Remapped::stays(addr));
         }
         let delta = new_len - old_len;
         if old_len == vma.end - addr && vma.end <= TASK_SIZE - delta && !self.map.intersects(vma.end, vma.end + delta) {
-            return Ok(self.grow(&vma, addr, delta));
+            return self.grow(&vma, addr, delta);
         }
         if !flags.contains(MremapFlags::MAYMOVE) {
             return Err(Error::NoAddressSpace { op, addr, len: new_len });
@@ -286,7 +336,7 @@ impl Change<'_, '_> {
     /// and what lies in them at the destination stays). A gap at the start
     /// is `EFAULT`; a failure half way leaves the mappings before it moved.
     fn move_all(&mut self, addr: u64, len: u64, to: u64) -> Result<Remapped> {
-        let end = addr + len;
+        let end = addr.saturating_add(len);
         let mut done: Option<Remapped> = None;
         let (mut last_end, mut target, mut pos) = (0, to, addr);
         while let Some(v) = self.map.find_from(pos).filter(|v| pos < end && v.start < end).cloned() {
@@ -308,25 +358,90 @@ impl Change<'_, '_> {
         done.ok_or(Error::OutsideMapping { op: Op::Mremap, addr, len })
     }
 
-    /// A move of part of a private anonymous mapping, or of one whose
-    /// object other mappings share: here pages live in their object at
-    /// their page offset, so the moved part cannot keep the object (its
-    /// offsets would meet its siblings' when either grows, or when a new
-    /// mapping at the old address takes the object over). It gets a new,
-    /// empty VMA with Linux's page offset (so it merges as Linux's would),
-    /// and the call copies the resident pages into it once the map lock
-    /// is dropped, then unmaps the old range (`copy_resident`). Costs a
-    /// copy, and the sharing with the other side of a `fork`.
-    fn copy_to(&mut self, vma: &Arc<Vma>, addr: u64, old_len: u64, new_len: u64, to: u64, pgoff: u64) -> Remapped {
-        let moved = Vma::new(to, to + new_len, vma.prot, vma.flags, pgoff, None);
+    /// A move of part of a private mapping, or of one whose object other
+    /// mappings share: here pages live in their object at their page
+    /// offset, so the moved part cannot keep the object (its offsets would
+    /// meet its siblings' when either grows, or when a new mapping at the
+    /// old address takes the object over). It gets a new object (a fresh
+    /// anonymous one, or a fresh copy-on-write shadow of the file), so that
+    /// it merges as Linux's moved VMA, which keeps its anon_vma, would; the
+    /// call copies the private pages into it once the map lock is dropped
+    /// (`copy_resident`; a page in swap is read back for it), then unmaps
+    /// the old range. What was mapped and is not copied (the zero page, a
+    /// file's own page) is faulted in at the new place. Costs a copy, and
+    /// the sharing with the other side of a `fork`.
+    fn copy_to(
+        &mut self,
+        vma: &Arc<Vma>,
+        addr: u64,
+        old_len: u64,
+        new_len: u64,
+        to: u64,
+        pgoff: u64,
+    ) -> Result<Remapped> {
+        let (ctx, phys) = (self.ctx, &self.ctx.env.phys);
+        let o = vma.object.get().expect("copied moves are of mappings with objects");
+        let file = {
+            let section = ctx.rcu_read();
+            o.file_of(&section)
+        };
+        let env = &self.space.vm.m.env;
+        let object = match self.fresh.iter().find(|(old, _)| Arc::ptr_eq(old, o)) {
+            Some((_, new)) => new.clone(),
+            None => {
+                let fresh = match &file {
+                    Some(f) => Object::new_shadow(ctx, env, f, false),
+                    None => Object::new_anon(ctx, env),
+                };
+                let new = fresh.map_err(|_| Error::NoMemory { op: Op::Mremap, what: "a moved mapping's object" })?;
+                self.fresh.push((o.clone(), new.clone()));
+                new
+            }
+        };
+        let (mut pages, mut present) = (Vec::new(), Vec::new());
+        for off in (0..old_len.min(new_len)).step_by(PAGE_SIZE as usize) {
+            let pindex = vma.pindex(addr + off);
+            let section = ctx.rcu_read();
+            let private = match o.find(pindex, &section) {
+                Found::Own(pfn) | Found::Below(pfn) => !file.as_ref().is_some_and(|f| f.holds(pindex, pfn)),
+                Found::Swapped { .. } => true,
+                Found::Zero | Found::Uncached => false,
+            };
+            if private {
+                pages.push(off);
+            } else if self.space.pmap.pte_now(phys, addr + off).is_present() {
+                present.push(to + off);
+            }
+        }
+        let moved = Vma::new(to, to + new_len, vma.prot, vma.flags, pgoff, Some(object));
         self.map.insert(spares::vma(moved));
         self.replaced.extend(self.map.merge_range(to, to + new_len));
         let locked = if vma.flags.contains(VmaFlags::LOCKED) { vec![(to, to + new_len)] } else { Vec::new() };
-        Remapped { addr: to, present: Vec::new(), locked, copies: vec![(addr, to, old_len)] }
+        let copy = CopyMove { from: addr, old_len, to, new_len, pages };
+        Ok(Remapped { addr: to, present, locked, copies: vec![copy] })
     }
 
-    /// Unmap `start..end` as `munmap` does.
+    /// A private mapping's object takes page offsets `start..end` it did
+    /// not map (it grows over them): whatever an object below it holds
+    /// there (a page another mapping had before a `fork`) must not show, so
+    /// the object gets holes there, as a removal leaves (only a file's own
+    /// page shows behind one). Nothing this object maps is there: every
+    /// mapping of an object keeps one distance between address and offset,
+    /// and the addresses are free.
+    fn hide_below(&mut self, vma: &Vma, start: u64, end: u64) -> Result<()> {
+        let (false, Some(o)) = (vma.is_shared(), vma.object.get()) else { return Ok(()) };
+        let nomem = |_| Error::NoMemory { op: Op::Mremap, what: "an object's page-index node" };
+        o.reserve_holes(self.ctx, start, end).map_err(nomem)?;
+        o.punch_locked(self.map, self.ctx, start, end, &mut self.g.frames);
+        Ok(())
+    }
+
+    /// Unmap `start..end` as `munmap` does (with its `EINVAL` for a range
+    /// past the user address space: Linux's `do_vmi_munmap`).
     fn unmap(&mut self, start: u64, end: u64, prune: bool) -> Result<()> {
+        if start > TASK_SIZE || end > TASK_SIZE || end < start {
+            return Err(Error::inval(Op::Mremap, "range to unmap extends beyond the user address space", end));
+        }
         self.space.reserve_holes_locked(self.ctx, self.map, Op::Mremap, start, end)?;
         let carved = self.map.carve(start, end);
         if !carved.is_empty() {
@@ -338,14 +453,15 @@ impl Change<'_, '_> {
 
     /// Extend `vma` by `delta` bytes in place (then merge it with the
     /// mapping after it, as Linux's `vma_merge_extend` may).
-    fn grow(&mut self, vma: &Arc<Vma>, addr: u64, delta: u64) -> Remapped {
+    fn grow(&mut self, vma: &Arc<Vma>, addr: u64, delta: u64) -> Result<Remapped> {
         let end = vma.end + delta;
+        self.hide_below(vma, vma.pindex(vma.end), vma.pindex(vma.end) + (delta >> PAGE_SHIFT))?;
         let grown = Vma::new(vma.start, end, vma.prot, vma.flags, vma.pgoff, vma.object.get().cloned());
         self.replaced.push(self.map.remove(vma));
         self.map.put(spares::vma(grown));
         self.replaced.extend(self.map.merge_range(end, end));
         let locked = if vma.flags.contains(VmaFlags::LOCKED) { vec![(addr, end)] } else { Vec::new() };
-        Remapped { addr, present: Vec::new(), locked, copies: Vec::new() }
+        Ok(Remapped { addr, present: Vec::new(), locked, copies: Vec::new() })
     }
 
     /// Move `addr..addr+old_len` of `vma` to `to`, `new_len` bytes long.
@@ -359,13 +475,18 @@ impl Change<'_, '_> {
             None if private_anon => to >> PAGE_SHIFT,
             _ => vma.pgoff + ((addr - vma.start) >> PAGE_SHIFT),
         };
-        if private_anon && let Some(o) = vma.object.get() {
+        if !vma.is_shared()
+            && let Some(o) = vma.object.get()
+        {
             let whole = addr == vma.start && addr + old_len == vma.end;
             let alone =
                 self.map.iter().all(|v| Arc::ptr_eq(v, vma) || !v.object.get().is_some_and(|w| Arc::ptr_eq(w, o)));
             if !(whole && alone) {
-                return Ok(self.copy_to(vma, addr, old_len, new_len, to, pgoff));
+                return self.copy_to(vma, addr, old_len, new_len, to, pgoff);
             }
+            // Offsets past the old end: nothing of what lies below shows.
+            let end = vma.pindex(vma.end);
+            self.hide_below(vma, end, end + ((new_len.saturating_sub(old_len)) >> PAGE_SHIFT))?;
         }
         let mut present = Vec::new();
         if old_len > 0 {
