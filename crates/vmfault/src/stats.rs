@@ -169,6 +169,7 @@ stats! {
         pageins: "pages read back from swap by faults",
         alloc_stalls: "allocations that found no free frame and waited for the page daemon",
         file_writebacks: "dirty file pages written back to their file",
+        file_write_errors: "write-backs of dirty file pages that failed, by the page daemon or at munmap and a space's end (the pages stay dirty; msync reports its own)",
         rmap_walks: "reverse-map walks (finding every PTE that maps a page)",
         wirings: "pages wired (mlock, page holds)",
         page_lock_acquisitions: "page-lock acquisitions (refcount=pagelock only)",

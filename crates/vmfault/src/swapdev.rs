@@ -156,7 +156,12 @@ impl Swap {
         assert!(slot < self.slots, "swap slot {slot} out of range (of {})", self.slots);
         crate::sync::rank::lock(&self.free, crate::sync::rank::Rank::Leaf).bad.push(slot);
         self.used.fetch_sub(1, Ordering::Relaxed);
-        tracing::warn!(target: "vmfault::reclaim", slot, "swap slot taken out of use after a failed write");
+        tracing::warn!(
+            target: "vmfault::reclaim",
+            event = "swap_bad_slots",
+            slot,
+            "swap slot taken out of use after a failed write"
+        );
     }
 
     /// Slots out of use after failed writes (a snapshot).

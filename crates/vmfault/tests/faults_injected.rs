@@ -93,7 +93,10 @@ fn write_back_onto_a_full_filesystem_loses_nothing() {
             space.read(a + p * P, &mut buf).unwrap();
             assert!(buf == pattern(2, p), "{path:?}: page {p} changed after a failed msync");
         }
+        let errors = vm.stats().file_write_errors;
         space.munmap(a, 128 * P).unwrap();
+        // munmap's write-back failed too: counted (and traced), not returned.
+        assert_eq!(vm.stats().file_write_errors, errors + 1, "{path:?}");
         fs.resize("1m");
         // Mapped again, the page cache still has the dirty pages.
         let a = space.mmap_file(0, 128 * P, RW, MapFlags::SHARED, &f, 0).unwrap();

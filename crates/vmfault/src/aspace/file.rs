@@ -186,7 +186,18 @@ fn write_back_vmas(m: &Machine, ctx: Option<&Ctx<'_>>, vmas: &[Arc<Vma>]) {
         if let Some((o, s, e)) = file_range(v, v.start, v.end)
             && let Err(err) = write_back(m, ctx, &o, s, e, false)
         {
-            tracing::warn!(target: "vmfault::file", error = %err, "write-back of an unmapped range failed");
+            match ctx {
+                Some(ctx) => ctx.count(Counter::file_write_errors),
+                None => m.phys.shared_counters().add(Counter::file_write_errors, 1),
+            }
+            tracing::warn!(
+                target: "vmfault::file",
+                event = Counter::file_write_errors.name(),
+                error = %err,
+                start = %format_args!("{:#x}", v.start),
+                end = %format_args!("{:#x}", v.end),
+                "write-back of an unmapped range failed: its pages stay dirty"
+            );
         }
     }
 }

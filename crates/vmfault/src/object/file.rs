@@ -50,6 +50,7 @@ use super::{Entry, Insert, Object, SwapOut};
 use crate::error::{Error, Op, Result};
 use crate::phys::{Frames, OwnedFrame, Pfn};
 use crate::pmap::OutOfFrames;
+use crate::stats::Counter;
 use crate::sync::rank::{self, Rank};
 use crate::types::{PAGE_SHIFT, PAGE_SIZE};
 
@@ -499,7 +500,14 @@ impl Object {
                 return SwapOut::Lost;
             }
             if let Err(err) = self.copy_out(fd, &[(pindex, pfn)], true) {
-                tracing::warn!(target: "vmfault::reclaim", error = %err, pindex, "write-back of a file page failed: it stays");
+                self.env.phys.shared_counters().add(Counter::file_write_errors, 1);
+                tracing::warn!(
+                    target: "vmfault::reclaim",
+                    event = Counter::file_write_errors.name(),
+                    error = %err,
+                    offset = %format_args!("{:#x}", pindex * PAGE_SIZE),
+                    "write-back of a file page failed: it stays"
+                );
                 self.end_writeback(&[(pindex, pfn)]);
                 return SwapOut::Lost;
             }

@@ -171,7 +171,13 @@ pub(super) fn run(
         };
         m.phys.read_bytes(pfn, 0, &mut buf);
         if let Err(e) = swap.write(slot, &buf) {
-            tracing::warn!(target: "vmfault::reclaim", error = %e, slot, "swap write failed: the page stays resident");
+            tracing::warn!(
+                target: "vmfault::reclaim",
+                event = "swap_write_errors",
+                error = %e,
+                slot,
+                "swap write failed: the page stays resident"
+            );
             stats.write_errors.fetch_add(1, Ordering::Relaxed);
             swap.retire_bad(slot);
             give_up(m, pfn, &mut freed, &mut back);
