@@ -174,9 +174,40 @@ unsafe fn probe(sh: *mut Shared, kind: Kind, addr: u64, len: usize) -> (usize, O
         libc::waitpid(pid, &mut st, 0);
         let done = ptr::read_volatile(&raw const (*pr).done) as usize;
         if ptr::read_volatile(&raw const (*pr).faulted) == 1 {
-            (done, Some((ptr::read_volatile(&raw const (*pr).addr), ptr::read_volatile(&raw const (*pr).code))))
+            let (a, code) = (ptr::read_volatile(&raw const (*pr).addr), ptr::read_volatile(&raw const (*pr).code));
+            if code == 2 | (i64::from(libc::SIGSEGV) << 16) {
+                // SIGSEGV's SEGV_ACCERR (see `on_fault`)
+                grow_as_faulted(a);
+            }
+            (done, Some((a, code)))
         } else {
             (done, None)
+        }
+    }
+}
+
+/// After the probe's access to `a` failed with `SEGV_ACCERR`: if nothing
+/// is mapped at `a` here, the probe's fault grew a stack (`MAP_GROWSDOWN`)
+/// down to `a` before it checked the access, as the same fault here would
+/// have. Grow it here too, with a debugger's load of `a` through
+/// `/proc/self/mem` (Linux's `__access_remote_vm` grows stacks as a fault
+/// does), and drop the page that load mapped, as the failed access maps
+/// none.
+///
+/// # Safety
+/// Nothing but this process's own memory map changes.
+unsafe fn grow_as_faulted(a: u64) {
+    let page = (a & !4095) as *mut libc::c_void;
+    let mut v = 0u8;
+    // SAFETY: `mincore` of one page into one byte; the load goes into `b`;
+    // the page `madvise` drops is one the load mapped, in no use.
+    unsafe {
+        if libc::mincore(page, 4096, &raw mut v) == 0 || errno() != libc::ENOMEM {
+            return;
+        }
+        let mut b = 0u8;
+        if proc_mem(false, a, &raw mut b, 1) == 1 {
+            libc::madvise(page, 4096, libc::MADV_DONTNEED);
         }
     }
 }

@@ -796,8 +796,40 @@ pub fn file_op() -> impl Strategy<Value = TOp> {
 }
 
 /// An operation the reference model does not know (it has no VMAs): an
-/// `mremap`, whose results depend on where mappings begin and end.
+/// `mremap`, whose results depend on where mappings begin and end, or a
+/// stack ([`stack_op`]).
 pub fn host_op() -> impl Strategy<Value = TOp> {
+    prop_oneof![3 => mremap_op(), 1 => stack_op()]
+}
+
+/// `PROT_GROWSDOWN`.
+pub const PROT_GROWSDOWN: u32 = 0x0100_0000;
+
+/// A stack: an anonymous `MAP_GROWSDOWN` mapping (one in six shared:
+/// `EINVAL`), or an `mprotect` with `PROT_GROWSDOWN` (`EINVAL` unless the
+/// range begins in or below a stack, whose start it goes down to).
+pub fn stack_op() -> impl Strategy<Value = TOp> {
+    let (s, p, a, g) =
+        (libc::MAP_SHARED as u32, libc::MAP_PRIVATE as u32, libc::MAP_ANONYMOUS as u32, libc::MAP_GROWSDOWN as u32);
+    let place = prop_oneof![2 => Just(Place::Fixed), 1 => Just(Place::NoReplace), 1 => Just(Place::HintShared)];
+    let stack =
+        (place, page_off()).prop_flat_map(move |(place, off)| {
+            let ty = match place {
+                // A hint only with `MAP_SHARED` (see `Place`): always `EINVAL`.
+                Place::HintShared => Just(s).boxed(),
+                _ => prop_oneof![5 => Just(p), 1 => Just(s), 1 => Just(p | libc::MAP_STACK as u32)].boxed(),
+            };
+            (Just(place), Just(off), len_from(off, 8), prot(), ty)
+                .prop_map(move |(place, off, len, prot, ty)| TOp::Mmap { place, off, len, prot, flags: ty | a | g })
+        });
+    let grows = page_off().prop_flat_map(|off| {
+        (len_from(off, 8), prot()).prop_map(move |(len, prot)| TOp::Mprotect { off, len, prot: prot | PROT_GROWSDOWN })
+    });
+    prop_oneof![3 => stack, 1 => grows]
+}
+
+/// An `mremap` of a range of the window.
+fn mremap_op() -> impl Strategy<Value = TOp> {
     let (m, f) = (libc::MREMAP_MAYMOVE as u32, libc::MREMAP_FIXED as u32);
     let flags = prop_oneof![3 => Just(0u32), 4 => Just(m), 4 => Just(m | f), 1 => Just(f), 1 => Just(m | 8)];
     let len = |max: u64| {
@@ -851,7 +883,7 @@ fn with_files(n: std::ops::RangeInclusive<usize>, files: bool) -> impl Strategy<
             prot: (libc::PROT_READ | libc::PROT_WRITE) as u32,
             flags: ty | libc::MAP_ANONYMOUS as u32,
         });
-    let any = if files { prop_oneof![10 => op(), 2 => file_op(), 1 => host_op()].boxed() } else { op().boxed() };
+    let any = if files { prop_oneof![10 => op(), 2 => file_op(), 2 => host_op()].boxed() } else { op().boxed() };
     (first, prop::collection::vec(any, n)).prop_map(|(f, mut rest)| {
         rest.insert(0, f);
         distinct_file_shifts(&mut rest);
@@ -866,6 +898,32 @@ fn with_files(n: std::ops::RangeInclusive<usize>, files: bool) -> impl Strategy<
                 }
             }
         }
+        rest
+    })
+}
+
+/// Sequences that start from a stack alone in the window: a `MAP_GROWSDOWN`
+/// mapping over its top pages, read-write, with nothing below it, so that
+/// loads and stores below it grow it (until a mapping comes within the
+/// guard gap below), then any operation, stacks and `mremap` included.
+pub fn stack_sequence(n: std::ops::RangeInclusive<usize>) -> impl Strategy<Value = Vec<TOp>> {
+    let first = (36..WINDOW_PAGES - 2).prop_map(|p| TOp::Mmap {
+        place: Place::Fixed,
+        off: p * P,
+        len: W - p * P,
+        prot: (libc::PROT_READ | libc::PROT_WRITE) as u32,
+        flags: (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_GROWSDOWN) as u32,
+    });
+    // Accesses below the stack, most of them in the pages right below.
+    let below = (0..W).prop_flat_map(|off| {
+        prop_oneof![
+            2 => any::<bool>().prop_map(move |write| TOp::Touch { off, write }),
+            1 => (1..=(2 * P).min(W - off), any::<u8>()).prop_map(move |(len, seed)| TOp::Write { off, len, seed }),
+        ]
+    });
+    let any = prop_oneof![10 => op(), 3 => host_op(), 6 => below];
+    (first, prop::collection::vec(any, n)).prop_map(|(f, mut rest)| {
+        rest.insert(0, f);
         rest
     })
 }

@@ -255,6 +255,7 @@ mod vm;
 
 pub use aspace::{
     AddressSpace, FileRange, HEAP_START, HostFault, HostFaultHandler, HostView, MAX_MAP_COUNT, MappingUsage, PageHold,
+    STACK_GUARD_GAP, STACK_LIMIT,
 };
 pub use config::{
     FaultPath, FrameOrder, FreePath, MapLock, PcpHigh, Refcount, Rmap, STREAM_AFTER_FRAMES, VmConfig, ZeroStores,

@@ -186,6 +186,7 @@ stats! {
         mmap_calls: "mmap calls",
         munmap_calls: "munmap calls",
         mremap_calls: "mremap calls",
+        stack_growths: "faults that grew a stack (MAP_GROWSDOWN) down to their address",
         mprotect_calls: "mprotect calls",
         madvise_calls: "madvise calls",
         pages_unmapped: "PTEs cleared by munmap, madvise and mprotect(PROT_NONE)",

@@ -51,8 +51,8 @@ bitflags! {
     /// required (both: `MAP_SHARED_VALIDATE`, for a file). Bits Linux does
     /// not define are ignored, as Linux ignores them (refused with
     /// `MAP_SHARED_VALIDATE`: `EOPNOTSUPP`); flags Linux defines that
-    /// vmfault does not model (`MAP_32BIT`, `MAP_GROWSDOWN`, `MAP_HUGETLB`,
-    /// `MAP_SYNC`, the `MAP_DROPPABLE` type) are `EINVAL`.
+    /// vmfault does not model (`MAP_32BIT`, `MAP_HUGETLB`, `MAP_SYNC`,
+    /// the `MAP_DROPPABLE` type) are `EINVAL`.
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
     pub struct MapFlags: u32 {
         /// `MAP_SHARED`: stores are visible to every mapping of the object.
@@ -77,6 +77,16 @@ bitflags! {
         /// `MAP_LOCKED`: the mapping is `mlock`ed from the start (`VM_LOCKED`),
         /// its pages faulted in and wired, as Linux does.
         const LOCKED = libc::MAP_LOCKED as u32;
+        /// `MAP_GROWSDOWN`: a stack that grows down (private anonymous
+        /// memory only: `EINVAL` with `SHARED` or a file, as Linux). A
+        /// fault in the gap below it extends it down to the faulting page,
+        /// unless that leaves less than Linux's stack guard gap (256 pages)
+        /// above an accessible mapping below, or makes it larger than the
+        /// stack limit (8 MiB, Linux's default `RLIMIT_STACK`); mappings
+        /// placed without `FIXED` and `brk` keep that guard gap below it.
+        /// A debugger's access (`read_remote` with `force`) grows it too,
+        /// as Linux's `/proc/PID/mem` does.
+        const GROWSDOWN = libc::MAP_GROWSDOWN as u32;
         /// `MAP_NONBLOCK`: with `POPULATE`, do not fault the pages in (as Linux).
         const NONBLOCK = libc::MAP_NONBLOCK as u32;
         /// `MAP_DENYWRITE`: ignored, as Linux ignores it.

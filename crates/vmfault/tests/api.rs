@@ -75,13 +75,12 @@ fn bad_arguments_are_errors_not_panics() {
     assert_eq!(einval(space.mmap(0, P, Prot::from_bits_retain(0x100), PA)), libc::EINVAL);
     // Bits Linux does not define are ignored, as Linux ignores them, and
     // so are its legacy no-ops; flags Linux defines that are not modelled
-    // here are EINVAL (MAP_32BIT, MAP_GROWSDOWN, MAP_HUGETLB, the
-    // MAP_DROPPABLE type).
+    // here are EINVAL (MAP_32BIT, MAP_HUGETLB, the MAP_DROPPABLE type).
     for ignored in [0x0080_0000, libc::MAP_STACK, libc::MAP_DENYWRITE | libc::MAP_EXECUTABLE, 0x0400_0000] {
         let a = space.mmap(0, P, RW, PA | MapFlags::from_bits_retain(ignored as u32)).unwrap();
         space.munmap(a, P).unwrap();
     }
-    for refused in [libc::MAP_32BIT, libc::MAP_GROWSDOWN, libc::MAP_HUGETLB, 0x08] {
+    for refused in [libc::MAP_32BIT, libc::MAP_HUGETLB, 0x08] {
         assert_eq!(einval(space.mmap(0, P, RW, PA | MapFlags::from_bits_retain(refused as u32))), libc::EINVAL);
     }
     // MAP_NONBLOCK: MAP_POPULATE faults nothing in.

@@ -10,7 +10,7 @@
 mod common;
 
 use common::check_against_host;
-use common::ops::{file_sequence, fork_sequence};
+use common::ops::{file_sequence, fork_sequence, stack_sequence};
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
 #[test]
@@ -28,6 +28,20 @@ fn differential_against_host_kernel() {
     let ops = ops.into_inner();
     println!("{cases} sequences, {ops} operations: no divergence from the host kernel");
     assert!(ops >= 100 * cases as usize, "only {ops} operations ran");
+}
+
+/// Sequences that begin with a stack (`MAP_GROWSDOWN`) alone in the window,
+/// so that accesses below it grow it, until mappings come within its guard
+/// gap (`VMFAULT_STACK_DIFF_CASES`, default 60 sequences of 60 operations).
+#[test]
+fn stack_differential_against_host_kernel() {
+    let cases = std::env::var("VMFAULT_STACK_DIFF_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(60);
+    let mut runner = TestRunner::new(Config { cases, failure_persistence: None, ..Config::default() });
+    let result = runner.run(&stack_sequence(59..=59), |seq| check_against_host(&seq).map_err(TestCaseError::fail));
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    println!("{cases} stack sequences: no divergence from the host kernel");
 }
 
 /// The same with processes: random forks, switches between the processes

@@ -17,6 +17,7 @@
 
 use super::spares;
 use super::vma::{Lookup, Vma, VmaFlags, VmaIndex};
+use super::zones::Gaps;
 use super::{AddressSpace, Space};
 use crate::error::{Error, Op, Result};
 use crate::machine::Ctx;
@@ -137,10 +138,11 @@ impl Space {
 
     /// Map `old..new` for the heap if nothing is mapped from `old` to a
     /// page above `new` (Linux checks `newbrk + PAGE_SIZE` against the
-    /// next mapping's start).
+    /// next mapping's start, less its guard gap if it is a stack: see
+    /// `stack.rs`).
     fn grow_heap(&self, ctx: &Ctx<'_>, start: u64, old: u64, new: u64) -> bool {
-        let mut map = self.map_write(ctx, old, new + PAGE_SIZE);
-        if map.intersects(old, new + PAGE_SIZE) || self.check_count(Op::Brk).is_err() {
+        let mut map = self.map_write(ctx, old, super::stack::above_gap(new + PAGE_SIZE));
+        if map.lowest_in(old, new + PAGE_SIZE).is_some() || self.check_count(Op::Brk).is_err() {
             return false;
         }
         let flags = VmaFlags::ACCOUNT;

@@ -11,6 +11,7 @@ use super::layout::{MMAP_BASE, round_hint, unmapped_area};
 use super::spares;
 use super::vma::{Lookup, VmaIndex};
 use super::vma::{Vma, VmaFlags};
+use super::zones::Gaps;
 use super::{AddressSpace, MAX_MAP_COUNT, MapWrite, Space};
 use crate::error::{Error, Op, Result};
 use crate::machine::Ctx;
@@ -85,14 +86,14 @@ const LEGACY_MAP_MASK: u32 = (libc::MAP_SHARED
 /// The flags of `flags` that Linux defines and vmfault does not model, if
 /// any: a mapping type other than shared, private or shared-validate (the
 /// type is the low four bits: `MAP_DROPPABLE` is 8), `MAP_32BIT`,
-/// `MAP_GROWSDOWN`, `MAP_HUGETLB` (and its page-size bits,
-/// which count only with it), `MAP_SYNC`. Bits Linux does not define are
+/// `MAP_HUGETLB` (and its page-size bits, which count only with it),
+/// `MAP_SYNC`. Bits Linux does not define are
 /// not among them: `mmap` ignores them as Linux does.
 fn unmodelled(flags: MapFlags) -> Option<u32> {
     const TYPE: u32 = 0x0f;
     let bits = flags.bits();
     let odd_type = if bits & TYPE & !0x03 != 0 { bits & TYPE } else { 0 };
-    let known = (libc::MAP_32BIT | libc::MAP_GROWSDOWN | libc::MAP_HUGETLB | libc::MAP_SYNC) as u32;
+    let known = (libc::MAP_32BIT | libc::MAP_HUGETLB | libc::MAP_SYNC) as u32;
     let found = odd_type | (bits & known);
     (found != 0).then_some(found)
 }
@@ -200,9 +201,16 @@ impl Space {
         // it, which takes the copies. Failing here leaves everything as it was.
         let nomem = |what| Error::NoMemory { op, what };
         let mut no_write = false;
+        // `do_mmap`: a stack that grows down is private anonymous memory
+        // (`EINVAL` after the file's access checks).
+        let grows_down = flags.contains(MapFlags::GROWSDOWN);
+        let not_a_stack = || Error::inval(op, "MAP_GROWSDOWN on a shared or file mapping", u64::from(flags.bits()));
         let object = match (file, shared) {
             (Some((f, _)), _) => {
                 let writable = file_access(f, op, shared && prot.contains(Prot::WRITE))?;
+                if grows_down {
+                    return Err(not_a_stack());
+                }
                 no_write = shared && !writable;
                 let o = Object::for_file(ctx, &self.vm.m.env, f)?;
                 if shared && writable {
@@ -214,6 +222,7 @@ impl Space {
                         .map_err(|_| nomem("a private file mapping's object"))?,
                 })
             }
+            (None, true) if grows_down => return Err(not_a_stack()),
             (None, true) => Some(
                 Object::new_shared_anon(ctx, &self.vm.m.env, len >> PAGE_SHIFT)
                     .map_err(|_| nomem("a shared object's page index"))?,
@@ -233,6 +242,9 @@ impl Space {
         }
         if flags.contains(MapFlags::STACK) {
             vflags |= VmaFlags::NOHUGEPAGE;
+        }
+        if grows_down {
+            vflags |= VmaFlags::GROWSDOWN;
         }
         // `MAP_LOCKED`: `VM_LOCKED` from the start (its pages are faulted
         // in and wired once the mapping is in place: `populate_mapped`).
@@ -343,7 +355,9 @@ impl Space {
                     }
                 }
             };
-            if !map.intersects(start, end) {
+            // Still free (a stack's guard gap included, as far as the
+            // zones held show it).
+            if map.lowest_in(start, end).is_none() {
                 return Some(Ok((map, start)));
             }
         }

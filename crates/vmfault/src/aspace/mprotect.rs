@@ -34,8 +34,11 @@ impl AddressSpace {
     /// `addr` (`EINVAL`); a range that wraps (`ENOMEM`); unknown `PROT_*`
     /// bits (`EINVAL`; `PROT_SEM` is accepted and ignored); a range that
     /// is not fully mapped (`ENOMEM`; mappings before the first hole have
-    /// been changed). `PROT_GROWSDOWN` or `PROT_GROWSUP` on a mapped range
-    /// is `EINVAL` (no mapping here grows), on a hole `ENOMEM`.
+    /// been changed). `PROT_GROWSDOWN` extends the change down to the
+    /// start of the stack (`MapFlags::GROWSDOWN`) that `addr..addr+len`
+    /// begins in or below: `EINVAL` if the first mapping there is not a
+    /// stack, `ENOMEM` if there is none; `PROT_GROWSUP` is `EINVAL` on a
+    /// mapped range (x86 has no stack that grows up), `ENOMEM` on a hole.
     pub fn mprotect(&self, addr: u64, len: u64, prot: Prot) -> Result<()> {
         self.s.vm.with_ctx(|ctx| {
             ctx.count(Counter::mprotect_calls);
@@ -101,17 +104,23 @@ impl Space {
         let Some(prot) = Prot::from_bits(bits) else {
             return Err(Error::inval(op, "unknown PROT_* bits", u64::from(prot.bits())));
         };
+        let mut addr = addr;
         if grows != 0 {
-            // The VMA lookup comes first (`ENOMEM` on a hole); then no VMA
-            // here grows (vmfault has no `MAP_GROWSDOWN`, and x86 no
-            // `VM_GROWSUP`): `EINVAL`.
+            // The VMA lookup comes first (`ENOMEM` on a hole); then
+            // `PROT_GROWSDOWN` needs a stack, whose start the change goes
+            // down to, and x86 has no `VM_GROWSUP` (`EINVAL`).
             let map = self.map_read(ctx, addr, end);
             let vma = map.find_from(addr).filter(|v| v.start < end);
             let Some(vma) = vma else { return Err(Error::NotMapped { op, addr, end }) };
             if grows == PROT_GROWSUP && vma.start > addr {
                 return Err(Error::NotMapped { op, addr, end });
             }
-            return Err(Error::inval(op, "the mapping does not grow (PROT_GROWSDOWN/PROT_GROWSUP)", vma.start));
+            if grows == PROT_GROWSUP || !vma.flags.contains(VmaFlags::GROWSDOWN) {
+                return Err(Error::inval(op, "the mapping does not grow (PROT_GROWSDOWN/PROT_GROWSUP)", vma.start));
+            }
+            // A stack may grow between this look and the change: the
+            // change then starts at its old start, as if it had come first.
+            addr = vma.start;
         }
         let mut changes = Changes::default();
         let mut populate = Vec::new();

@@ -55,6 +55,10 @@ bitflags! {
         /// huge pages off thread stacks; here it only keeps such a mapping
         /// from merging with others, as in Linux).
         const NOHUGEPAGE = 1 << 8;
+        /// `VM_GROWSDOWN`: a stack mapped with `MAP_GROWSDOWN` (private
+        /// anonymous memory only): a fault in the gap below it extends it
+        /// down, and placement keeps a guard gap below it (`stack.rs`).
+        const GROWSDOWN = 1 << 9;
     }
 }
 

@@ -468,6 +468,11 @@ impl<G> Held<G> {
 
 /// What the placement search asks of an index (`layout`): the VMAs
 /// nearest a range, as (start, end).
+///
+/// A stack that grows down (`MAP_GROWSDOWN`) counts from the bottom of its
+/// guard gap (Linux's `vm_start_gap`, `stack.rs`), and only as the first
+/// mapping above a range, as in Linux's gap search: `(start, end)` are
+/// that extent.
 pub(crate) trait Gaps {
     /// The lowest VMA that intersects `start..end`.
     fn lowest_in(&self, start: u64, end: u64) -> Option<(u64, u64)>;
@@ -477,12 +482,21 @@ pub(crate) trait Gaps {
 
 impl<T: Lookup> Gaps for T {
     fn lowest_in(&self, start: u64, end: u64) -> Option<(u64, u64)> {
-        self.find_from(start).filter(|v| v.start < end).map(|v| (v.start, v.end))
+        let v = self.find_from(start)?;
+        let from = super::stack::start_gap(v);
+        (from < end).then_some((from, v.end))
     }
 
     fn highest_in(&self, start: u64, end: u64) -> Option<(u64, u64)> {
-        let v = self.find(end - 1).or_else(|| self.prev_of(end - 1))?;
-        (v.end > start).then_some((v.start, v.end))
+        // The first VMA above `end - 1`, if it or its guard gap reaches
+        // below `end`; else the last one below.
+        if let Some(v) = self.find_from(end - 1)
+            && super::stack::start_gap(v) < end
+        {
+            return Some((super::stack::start_gap(v), v.end));
+        }
+        let v = self.prev_of(end - 1)?;
+        (v.end > start).then_some((super::stack::start_gap(v), v.end))
     }
 }
 
@@ -500,14 +514,34 @@ impl Published<'_> {
 }
 
 impl Gaps for Published<'_> {
+    // As for one index, over the zones of the range and of a stack guard
+    // gap above it (a stack in the next zone may reach down into this one).
     fn lowest_in(&self, start: u64, end: u64) -> Option<(u64, u64)> {
-        let (first, last) = self.zones.span(start, end);
-        (first..=last).find_map(|z| self.at(z).lowest_in(start, end))
+        let (first, last) = self.zones.span(start, super::stack::above_gap(end));
+        let v = (first..=last).find_map(|z| self.at(z).find_from(start))?;
+        let from = super::stack::start_gap(v);
+        (from < end).then_some((from, v.end))
     }
 
     fn highest_in(&self, start: u64, end: u64) -> Option<(u64, u64)> {
-        let (first, last) = self.zones.span(start, end);
-        (first..=last).rev().find_map(|z| self.at(z).highest_in(start, end))
+        let (first, last) = self.zones.span(start, super::stack::above_gap(end));
+        let at_end = self.zones.zone_of(end - 1);
+        if let Some(v) = (at_end..=last).find_map(|z| self.at(z).find_from(end - 1))
+            && super::stack::start_gap(v) < end
+        {
+            return Some((super::stack::start_gap(v), v.end));
+        }
+        let v = (first..=at_end).rev().find_map(|z| self.at(z).prev_of(end - 1))?;
+        (v.end > start).then_some((super::stack::start_gap(v), v.end))
+    }
+}
+
+impl Published<'_> {
+    /// The start and flags of the first VMA that ends above `addr` and
+    /// starts below `end`, in the zones of `addr..end`.
+    pub(super) fn first_in(&self, addr: u64, end: u64) -> Option<(u64, super::vma::VmaFlags)> {
+        let (first, last) = self.zones.span(addr, end);
+        (first..=last).find_map(|z| self.at(z).find_from(addr).filter(|v| v.start < end).map(|v| (v.start, v.flags)))
     }
 }
 

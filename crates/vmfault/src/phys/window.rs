@@ -25,7 +25,7 @@
 //! What this asks of the embedding program: the handler runs on the
 //! faulting thread's own stack (not `SA_ONSTACK`), uses no heap in the
 //! steady state but may allocate when a fault is the first one of a new
-//! mapping (its object), and takes vmfault's locks: a thread must not
+//! mapping (its object) or grows a stack (`MAP_GROWSDOWN`), and takes vmfault's locks: a thread must not
 //! touch window memory from inside a vmfault call, from inside `malloc`,
 //! or from a signal handler of its own. x86-64 Linux only (the fault's
 //! kind is read from the page-fault error code in the signal context).
