@@ -362,7 +362,10 @@ fn a_forked_stack_grows_on_its_own_side_only() {
     let mut c = [9u8; 5];
     parent.read(top - 4 * P, &mut c).unwrap();
     assert_eq!(c, [0; 5]);
-    // A debugger's load grows a stack too, as /proc/PID/mem does.
+    // A debugger's load grows a stack too, as /proc/PID/mem does; a page
+    // hold (get_user_pages) does not.
     parent.read_remote(top - 6 * P, &mut c, true).unwrap();
+    assert_eq!(start(&parent), top - 6 * P);
+    assert!(parent.hold(top - 7 * P, vmfault::Access::Read).is_err());
     assert_eq!(start(&parent), top - 6 * P);
 }

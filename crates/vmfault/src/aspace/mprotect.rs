@@ -104,7 +104,7 @@ impl Space {
         let Some(prot) = Prot::from_bits(bits) else {
             return Err(Error::inval(op, "unknown PROT_* bits", u64::from(prot.bits())));
         };
-        let mut addr = addr;
+        let (asked, mut addr) = (addr, addr);
         if grows != 0 {
             // The VMA lookup comes first (`ENOMEM` on a hole); then
             // `PROT_GROWSDOWN` needs a stack, whose start the change goes
@@ -118,14 +118,19 @@ impl Space {
             if grows == PROT_GROWSUP || !vma.flags.contains(VmaFlags::GROWSDOWN) {
                 return Err(Error::inval(op, "the mapping does not grow (PROT_GROWSDOWN/PROT_GROWSUP)", vma.start));
             }
-            // A stack may grow between this look and the change: the
-            // change then starts at its old start, as if it had come first.
             addr = vma.start;
         }
         let mut changes = Changes::default();
         let mut populate = Vec::new();
         let result = {
             let mut map = self.map_write(ctx, addr, end);
+            // The stack looked at may have grown or gone since: look again.
+            if grows != 0
+                && !map.find_from(asked).is_some_and(|v| v.start == addr && v.flags.contains(VmaFlags::GROWSDOWN))
+            {
+                drop(map);
+                return self.mprotect(ctx, asked, len, Prot::from_bits_retain(bits | grows));
+            }
             let f = |v: &Vma| {
                 if v.flags.contains(VmaFlags::LOCKED)
                     && !v.is_shared()

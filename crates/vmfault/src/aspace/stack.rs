@@ -65,6 +65,19 @@ impl Space {
         if !(MMAP_MIN_ADDR..TASK_SIZE).contains(&addr) {
             return false;
         }
+        // A few tries: the mapping above may change between the look and
+        // the lock (then the lock may not cover it: look again).
+        for _ in 0..4 {
+            if let Some(grown) = self.try_grow_stack(ctx, addr) {
+                return grown;
+            }
+        }
+        false
+    }
+
+    /// One try of [`grow_stack`](Space::grow_stack) for the page `addr`:
+    /// none if the mapping above changed before the lock was taken.
+    fn try_grow_stack(&self, ctx: &Ctx<'_>, addr: u64) -> Option<bool> {
         // The mapping above, as published (or, where nothing is, under the
         // map lock): a stack that may reach `addr` starts below `addr +
         // STACK_LIMIT`.
@@ -76,24 +89,28 @@ impl Space {
             let map = self.map_read(ctx, addr, reach);
             map.find_from(addr).filter(|v| v.start < reach).map(|v| (v.start, v.flags))
         };
-        let Some((top, flags)) = above else { return false };
+        let Some((top, flags)) = above else { return Some(false) };
         if top <= addr {
-            return true;
+            return Some(true);
         }
         if !flags.contains(VmaFlags::GROWSDOWN) {
-            return false;
+            return Some(false);
         }
         let _busy = self.zones.busy(ctx.index.min(self.zones.cpus.len() - 1));
         let mut g = Gather::default();
         let mut replaced = Removed::new();
         let grown = {
             let mut map = self.map_write(ctx, addr.saturating_sub(STACK_GUARD_GAP), top);
-            let Some(vma) = map.find_from(addr).cloned() else { return false };
+            let Some(vma) = map.find_from(addr).cloned() else { return Some(false) };
             if vma.start <= addr {
-                return true;
+                return Some(true);
+            }
+            if vma.start != top {
+                // Not the mapping the lock was taken for.
+                return None;
             }
             if !vma.flags.contains(VmaFlags::GROWSDOWN) || vma.end - addr > STACK_LIMIT {
-                return false;
+                return Some(false);
             }
             // `expand_downwards`: the guard gap above an accessible mapping
             // that does not grow down itself.
@@ -102,11 +119,11 @@ impl Space {
                 && !prev.prot.is_empty()
                 && addr - prev.end < STACK_GUARD_GAP
             {
-                return false;
+                return Some(false);
             }
             let grow = (vma.start - addr) >> PAGE_SHIFT;
             if grow > vma.pgoff {
-                return false;
+                return Some(false);
             }
             // Linux's `expand_downwards` gives the stack its anon_vma
             // before it grows (so from a neighbour of the old range only):
@@ -116,7 +133,7 @@ impl Space {
             let pgoff = vma.pgoff - grow;
             if let Some(o) = vma.object.get().filter(|_| !vma.is_shared()) {
                 if o.reserve_holes(ctx, pgoff, vma.pgoff).is_err() {
-                    return false;
+                    return Some(false);
                 }
                 o.punch_locked(&map, ctx, pgoff, vma.pgoff, &mut g.frames);
             }
@@ -130,6 +147,6 @@ impl Space {
         }
         self.end_removal(ctx, g, Removed::new());
         replaced.into_iter().for_each(spares::release_vma);
-        grown
+        Some(grown)
     }
 }

@@ -32,7 +32,7 @@ pub(super) fn fault(ctx: &Ctx<'_>, space: &Space, fault: Fault, f: &mut impl FnM
         // `__access_remote_vm`): below a stack, it grows, once per fault
         // (see `aspace/stack.rs`).
         drop(map);
-        if grown || !space.grow_stack(ctx, fault.addr) {
+        if grown || !fault.grows || !space.grow_stack(ctx, fault.addr) {
             return Err(fault.segv(ctx, SegvCode::MapErr));
         }
         grown = true;

@@ -103,6 +103,11 @@ pub(crate) struct Fault {
     /// through `/proc/PID/mem` (Linux's `FOLL_FORCE`): see
     /// [`Fault::allowed_in`]. Only the classic path takes these.
     pub(crate) force: bool,
+    /// Whether a fault below a stack (`MAP_GROWSDOWN`) grows it: an
+    /// access's does (a debugger's too, as `/proc/PID/mem`'s), a page
+    /// hold's or `mlock`'s population does not (Linux's
+    /// `get_user_pages` no longer grows stacks).
+    pub(crate) grows: bool,
 }
 
 impl Fault {
@@ -201,8 +206,10 @@ pub(crate) struct Looked<'c> {
     pub(crate) missed: Missed<'c>,
 }
 
-/// Handle a fault at `addr` for `access`; on success call `f` with the
-/// frame backing `addr`, inside an RCU read-side section (see module docs).
+/// Handle a fault at `addr` for `access` as `get_user_pages` does (a page
+/// hold, `mlock`'s population: a stack below is not grown); on success
+/// call `f` with the frame backing `addr`, inside an RCU read-side section
+/// (see module docs).
 ///
 /// Must be called outside any RCU read-side section of this vCPU.
 pub(crate) fn handle(
@@ -213,11 +220,12 @@ pub(crate) fn handle(
     access: Access,
     f: impl FnMut(Pfn),
 ) -> Result<()> {
-    handle_looked(ctx, space, op, addr, access, None, f)
+    handle_fault(ctx, space, Fault { addr, access, op, force: false, grows: false }, None, f)
 }
 
-/// [`handle`], for a fault the software MMU found (`looked`: inside its
-/// section, which is this vCPU's only one).
+/// [`handle`], for an access's fault that the software MMU found
+/// (`looked`: inside its section, which is this vCPU's only one); it grows
+/// a stack below.
 #[inline]
 pub(crate) fn handle_looked(
     ctx: &Ctx<'_>,
@@ -226,11 +234,21 @@ pub(crate) fn handle_looked(
     addr: u64,
     access: Access,
     looked: Option<Looked<'_>>,
+    f: impl FnMut(Pfn),
+) -> Result<()> {
+    handle_fault(ctx, space, Fault { addr, access, op, force: false, grows: true }, looked, f)
+}
+
+#[inline(always)]
+fn handle_fault(
+    ctx: &Ctx<'_>,
+    space: &Space,
+    fault: Fault,
+    looked: Option<Looked<'_>>,
     mut f: impl FnMut(Pfn),
 ) -> Result<()> {
     ctx.count(Counter::faults);
     space.count_fault(ctx);
-    let fault = Fault { addr, access, op, force: false };
     let path = ctx.env.config.fault_path;
     let resolved = match path {
         FaultPath::Speculative => match speculative::fault(ctx, space, fault, looked, &mut f) {
@@ -276,7 +294,7 @@ pub(crate) fn handle_forced(
 ) -> Result<()> {
     ctx.count(Counter::faults);
     space.count_fault(ctx);
-    let resolved = classic(ctx, space, Fault { addr, access, op, force: true }, &mut f)?;
+    let resolved = classic(ctx, space, Fault { addr, access, op, force: true, grows: true }, &mut f)?;
     ctx.count(resolved.counter());
     Ok(())
 }
