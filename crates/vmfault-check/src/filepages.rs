@@ -42,11 +42,11 @@ impl FilePages {
             }
             (TOp::Mmap { len, .. }, Outcome::Addr(at)) => self.set(*at, *len, |_| None),
             (TOp::Munmap { off, len }, Outcome::Ok) => self.set(*off, *len, |_| None),
-            (&TOp::Mremap { off, old_len, new_len, .. }, Outcome::Addr(at)) => {
-                self.remapped(off, old_len, new_len, Some(*at))
+            (&TOp::Mremap { off, old_len, new_len, flags, .. }, Outcome::Addr(at)) => {
+                self.remapped(off, old_len, new_len, Some(*at), flags & libc::MREMAP_DONTUNMAP as u32 != 0)
             }
-            (&TOp::Mremap { off, old_len, new_len, .. }, Outcome::Elsewhere) => {
-                self.remapped(off, old_len, new_len, None)
+            (&TOp::Mremap { off, old_len, new_len, flags, .. }, Outcome::Elsewhere) => {
+                self.remapped(off, old_len, new_len, None, flags & libc::MREMAP_DONTUNMAP as u32 != 0)
             }
             _ => {}
         }
@@ -57,8 +57,10 @@ impl FilePages {
     /// its file page; a page it adds continues the file from its last
     /// page; a page of a move that was not a file page becomes
     /// `UNKNOWN` (a several-mapping move keeps what lies in the gaps at
-    /// the destination, and this table does not know the gaps).
-    fn remapped(&mut self, off: u64, old_len: u64, new_len: u64, at: Option<u64>) {
+    /// the destination, and this table does not know the gaps). With
+    /// `keep` (`MREMAP_DONTUNMAP`) the old range stays mapped: a shared
+    /// file mapping there still maps its pages.
+    fn remapped(&mut self, off: u64, old_len: u64, new_len: u64, at: Option<u64>, keep: bool) {
         let (old, new) = (old_len.div_ceil(P), new_len.div_ceil(P));
         let source: Vec<Option<u64>> = (0..old).map(|i| self.fpage(off + i * P)).collect();
         // With `old_len` 0 (a second mapping of a shared one), the file
@@ -78,7 +80,9 @@ impl FilePages {
                 }
             }
             _ => {
-                self.set(off, old * P, |_| None);
+                if !keep {
+                    self.set(off, old * P, |_| None);
+                }
                 if let Some(at) = at {
                     self.set(at, new * P, |i| match source.get(i as usize) {
                         Some(Some(f)) => Some(*f),
@@ -136,6 +140,10 @@ mod tests {
         let dup = TOp::Mremap { off: 3 * P, old_len: 0, new_len: 2 * P, flags: 3, new_off: 8 * P };
         fp.apply(&dup, &Outcome::Addr(8 * P));
         assert_eq!((fp.fpage(8 * P), fp.fpage(9 * P), fp.fpage(3 * P)), (Some(11), Some(12), Some(11)));
+        // Moved with MREMAP_DONTUNMAP: the old range still maps the file.
+        let keep = TOp::Mremap { off: 8 * P, old_len: 2 * P, new_len: 2 * P, flags: 7, new_off: 20 * P };
+        fp.apply(&keep, &Outcome::Addr(20 * P));
+        assert_eq!((fp.fpage(8 * P), fp.fpage(20 * P), fp.fpage(21 * P)), (Some(11), Some(11), Some(12)));
         // Moved out of the window: gone here.
         let away = TOp::Mremap { off: 2 * P, old_len: 3 * P, new_len: 3 * P, flags: 1, new_off: 0 };
         fp.apply(&away, &Outcome::Elsewhere);

@@ -830,8 +830,17 @@ pub fn stack_op() -> impl Strategy<Value = TOp> {
 
 /// An `mremap` of a range of the window.
 fn mremap_op() -> impl Strategy<Value = TOp> {
-    let (m, f) = (libc::MREMAP_MAYMOVE as u32, libc::MREMAP_FIXED as u32);
-    let flags = prop_oneof![3 => Just(0u32), 4 => Just(m), 4 => Just(m | f), 1 => Just(f), 1 => Just(m | 8)];
+    let (m, f, d) = (libc::MREMAP_MAYMOVE as u32, libc::MREMAP_FIXED as u32, libc::MREMAP_DONTUNMAP as u32);
+    let flags = prop_oneof![
+        3 => Just(0u32),
+        4 => Just(m),
+        4 => Just(m | f),
+        1 => Just(f),
+        1 => Just(m | 8),
+        2 => Just(m | d),
+        2 => Just(m | f | d),
+        1 => Just(d),
+    ];
     let len = |max: u64| {
         prop_oneof![
             1 => Just(0u64),
@@ -841,8 +850,14 @@ fn mremap_op() -> impl Strategy<Value = TOp> {
     };
     (page_off(), page_off(), flags).prop_flat_map(move |(off, new_off, flags)| {
         let (old_max, new_max) = ((12 * P).min(W - off), (12 * P).min(W - new_off));
-        (Just(off), len(old_max), len(new_max), Just(flags), Just(new_off & !(P - 1)))
-            .prop_map(|(off, old_len, new_len, flags, new_off)| TOp::Mremap { off, old_len, new_len, flags, new_off })
+        // `MREMAP_DONTUNMAP` needs the same length: mostly given.
+        let same = prop::bool::weighted(if flags & d != 0 { 0.85 } else { 0.0 });
+        (Just(off), len(old_max), len(new_max), Just(flags), Just(new_off & !(P - 1)), same).prop_map(
+            |(off, old_len, new_len, flags, new_off, same)| {
+                let new_len = if same { old_len } else { new_len };
+                TOp::Mremap { off, old_len, new_len, flags, new_off }
+            },
+        )
     })
 }
 

@@ -132,10 +132,123 @@ fn bad_arguments_are_linux_errors() {
     assert_eq!(e(space.mremap(a + 8 * P, P, 2 * P, MremapFlags::MAYMOVE, 0)), libc::EFAULT, "nothing there");
     assert_eq!(e(space.mremap(a, 3 * P, 4 * P, MremapFlags::MAYMOVE, 0)), libc::EFAULT, "past the mapping's end");
     assert_eq!(
-        e(space.mremap(a, P, P, MremapFlags::MAYMOVE | MremapFlags::DONTUNMAP, 0x4000_0000)),
+        e(space.mremap(a, P, 2 * P, MremapFlags::MAYMOVE | MremapFlags::DONTUNMAP, 0x4000_0000)),
         libc::EINVAL,
-        "not modelled"
+        "DONTUNMAP with a new length"
     );
+    assert_eq!(e(space.mremap(a, P, P, MremapFlags::DONTUNMAP, 0x4000_0000)), libc::EINVAL, "without MAYMOVE");
+    assert_eq!(
+        e(space.mremap(a, 3 * P, 3 * P, MremapFlags::MAYMOVE | MremapFlags::DONTUNMAP, 0x4000_0000)),
+        libc::EFAULT,
+        "DONTUNMAP past the mapping's end"
+    );
+}
+
+/// `MREMAP_DONTUNMAP`, whole and in part, on private and shared memory,
+/// locked or not: the pages move, the old range stays mapped (private:
+/// empty, reading zeros; shared: still the same memory) and unlocked,
+/// unsplit. Compared with the host kernel, layouts and bytes.
+#[test]
+fn dontunmap_moves_the_pages_and_leaves_the_old_range_empty_as_on_the_host() {
+    const HOST_BASE: u64 = 0x3100_0000_0000;
+    let dontunmap = MremapFlags::MAYMOVE | MremapFlags::FIXED | MremapFlags::DONTUNMAP;
+    // (shared, locked, moved page range of the 8 pages)
+    let cases =
+        [(false, false, 0..8), (false, true, 2..5), (false, false, 3..8), (true, false, 0..8), (true, true, 1..3)];
+    for (i, (shared, locked, pages)) in cases.into_iter().enumerate() {
+        let host = HOST_BASE + i as u64 * (1 << 24);
+        let vm = vm();
+        let space = vm.new_space().unwrap();
+        let base = space.mmap(0, 1 << 24, Prot::NONE, ANON).unwrap();
+        space.munmap(base, 1 << 24).unwrap();
+        let kind = if shared { MapFlags::SHARED | MapFlags::ANONYMOUS } else { ANON };
+        let lock = if locked { MapFlags::LOCKED } else { MapFlags::empty() };
+        space.mmap(base, 8 * P, RW, kind | lock | MapFlags::FIXED).unwrap();
+        // SAFETY: a fresh mapping at an address nothing else uses (the
+        // kernel refuses it otherwise), unmapped at the end of the case.
+        let h = unsafe {
+            libc::mmap(
+                host as *mut libc::c_void,
+                8 * P as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                kind.bits() as i32 | lock.bits() as i32 | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            )
+        };
+        assert_eq!(h as u64, host);
+        for p in 0..8u8 {
+            space.write(base + u64::from(p) * P, &[p + 1; 8]).unwrap();
+            // SAFETY: inside the host mapping just made.
+            unsafe { std::ptr::write_bytes((host + u64::from(p) * P) as *mut u8, p + 1, 8) };
+        }
+        let (from, len) = (pages.start * P, (pages.end - pages.start) * P);
+        let to = 1 << 23;
+        assert_eq!(space.mremap(base + from, len, len, dontunmap, base + to).unwrap(), base + to);
+        // SAFETY: moves part of the host mapping to a free address of the
+        // same reservation's range.
+        let r = unsafe {
+            libc::syscall(libc::SYS_mremap, host + from, len, len, dontunmap.bits() as libc::c_long, host + to)
+        };
+        assert_eq!(r as u64, host + to, "case {i}: the host's mremap");
+        let host_maps: Vec<(u64, u64)> = std::fs::read_to_string("/proc/self/maps")
+            .unwrap()
+            .lines()
+            .filter_map(|l| {
+                let (s, e) = l.split_once(' ')?.0.split_once('-')?;
+                let (s, e) = (u64::from_str_radix(s, 16).ok()?, u64::from_str_radix(e, 16).ok()?);
+                (s >= host && e <= host + (1 << 24)).then_some((s - host, e - host))
+            })
+            .collect();
+        let locked_here: Vec<bool> = vmfault_locked(&space, base);
+        let maps: Vec<(u64, u64)> = space.mappings().iter().map(|m| (m.start - base, m.end - base)).collect();
+        assert_eq!(maps, host_maps, "case {i}: layouts");
+        assert_eq!(locked_here, host_locked(host), "case {i}: which mappings are locked");
+        for p in 0..8u64 {
+            let mut b = [0u8; 8];
+            space.read(base + p * P, &mut b).unwrap();
+            // SAFETY: the old range stays mapped on the host too.
+            let want = unsafe { std::ptr::read((host + p * P) as *const [u8; 8]) };
+            assert_eq!(b, want, "case {i}: old page {p}");
+        }
+        for p in 0..(pages.end - pages.start) {
+            let mut b = [0u8; 8];
+            space.read(base + to + p * P, &mut b).unwrap();
+            assert_eq!(b, [(pages.start + p) as u8 + 1; 8], "case {i}: moved page {p}");
+        }
+        if locked {
+            assert_eq!(vm.stats().wired_pages, pages.end - pages.start, "case {i}: only the moved pages stay wired");
+        }
+        // SAFETY: the host mappings this case made.
+        unsafe {
+            libc::munmap(host as *mut libc::c_void, 8 * P as usize);
+            libc::munmap((host + to) as *mut libc::c_void, len as usize);
+        }
+    }
+}
+
+/// Which of the space's mappings from `base` on are locked, in order.
+fn vmfault_locked(space: &vmfault::AddressSpace, base: u64) -> Vec<bool> {
+    space.mappings().iter().filter(|m| m.start >= base).map(|m| m.locked).collect()
+}
+
+/// Which of the host's mappings in the 16 MiB from `host` on are locked
+/// (`lo` in smaps' `VmFlags`), in order.
+fn host_locked(host: u64) -> Vec<bool> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut out = Vec::new();
+    let mut inside = false;
+    for line in smaps.lines() {
+        if let Some((range, _)) = line.split_once(' ')
+            && let Some((s, e)) = range.split_once('-')
+            && let (Ok(s), Ok(e)) = (u64::from_str_radix(s, 16), u64::from_str_radix(e, 16))
+        {
+            inside = s >= host && e <= host + (1 << 24);
+        } else if inside && let Some(flags) = line.strip_prefix("VmFlags:") {
+            out.push(flags.split_whitespace().any(|f| f == "lo"));
+        }
+    }
+    out
 }
 
 /// Part of a private file mapping moves: it keeps its private copy, the
@@ -247,4 +360,57 @@ fn pieces_moved_together_merge_again() {
     let mut b = [0u8; 1];
     space.read(to, &mut b).unwrap();
     assert_eq!(&b, b"x");
+}
+
+/// Pieces of one mapping moved apart by copy in separate calls come back
+/// side by side with contiguous offsets: they merge, as Linux's do (its
+/// moved VMAs keep their anon_vma; here the pieces go to one object of
+/// the mapping's family). The layout is the host kernel's for the same
+/// calls (Linux 6.18; the differential test found it).
+#[test]
+fn pieces_moved_apart_by_separate_calls_merge_when_they_meet_again() {
+    let space = vm().new_space().unwrap();
+    let base = 0x4000_0000;
+    space.mmap(base + 0x22000, 14 * P, RW, ANON | MapFlags::FIXED).unwrap();
+    space.write(base + 0x2f550, &[1]).unwrap();
+    let fixed = MremapFlags::MAYMOVE | MremapFlags::FIXED;
+    // A part grows as it moves below the rest, then the rest follows it.
+    assert_eq!(space.mremap(base + 0x27000, 4 * P, 5 * P, fixed, base + 0x1e000).unwrap(), base + 0x1e000);
+    assert_eq!(space.mremap(base + 0x20000, 8 * P, 8 * P, fixed, base + 0x17000).unwrap(), base + 0x17000);
+    let maps: Vec<_> = space.mappings().iter().map(|m| (m.start - base, m.end - base)).collect();
+    assert_eq!(maps, vec![(0x17000, 0x1a000), (0x1a000, 0x20000), (0x2b000, 0x30000)]);
+    let mut b = [0u8];
+    space.read(base + 0x2f550, &mut b).unwrap();
+    assert_eq!(b, [1]);
+}
+
+/// `MREMAP_DONTUNMAP` of a whole private file mapping: its private copies
+/// move, and the old range maps the file again (Linux 6.18, checked by
+/// hand: the old range reads the file, the new one the copy).
+#[test]
+fn dontunmap_of_a_private_file_mapping_leaves_the_file_mapped() {
+    use std::io::Write;
+    let path = std::env::temp_dir().join(format!("vmfault-test-dontunmap-{}", std::process::id()));
+    let mut f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    f.write_all(&[b'A'; P as usize]).unwrap();
+    f.write_all(&[b'B'; P as usize]).unwrap();
+    let vm = vm();
+    let space = vm.new_space().unwrap();
+    let a = space.mmap_file(0, 2 * P, RW, MapFlags::PRIVATE, &f, 0).unwrap();
+    space.write(a, b"xx").unwrap();
+    let to = 0x5000_0000;
+    let flags = MremapFlags::MAYMOVE | MremapFlags::FIXED | MremapFlags::DONTUNMAP;
+    assert_eq!(space.mremap(a, 2 * P, 2 * P, flags, to).unwrap(), to);
+    let read = |at: u64| {
+        let mut b = [0u8; 2];
+        space.read(at, &mut b).unwrap();
+        b
+    };
+    assert_eq!((read(a), read(a + P), read(to), read(to + P)), (*b"AA", *b"BB", *b"xx", *b"BB"));
+    // A part moved too: the rest of the old mapping keeps its copies.
+    space.write(to + P, b"yy").unwrap();
+    let back = 0x6000_0000;
+    assert_eq!(space.mremap(to + P, P, P, flags, back).unwrap(), back);
+    assert_eq!((read(to), read(to + P), read(back)), (*b"xx", *b"BB", *b"yy"));
 }

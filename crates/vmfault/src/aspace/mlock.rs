@@ -118,24 +118,35 @@ impl Space {
             if !lock {
                 // The VMAs were replaced and their read-lockers waited for
                 // (`MapWrite::carve`): no fault can add a wired PTE to them.
-                let phys = &ctx.env.phys;
-                for v in map.overlapping(start, end).filter(|v| !v.flags.contains(VmaFlags::LOCKED)) {
-                    self.pmap.update_range(phys, v.start.max(start), v.end.min(end), |_, pte| {
-                        if !pte.is_wired() {
-                            return pte;
-                        }
-                        if phys.unwire(pte.pfn(), Some(&ctx.cpu.counters)) {
-                            ctx.m.orphan(pte.pfn());
-                        }
-                        pte.unwired()
-                    });
-                }
+                self.unwire_unlocked_locked(ctx, &map, start, end);
             }
             result
         };
         self.finish(ctx, Gather::default());
         drop(changes);
         result
+    }
+
+    /// Drop the wired marks, and the wirings, of the PTEs in `start..end`
+    /// of the VMAs there that are not locked.
+    ///
+    /// # Preconditions
+    /// - The map lock is held for writing (`map`, its guard), and those
+    ///   VMAs were put in under it, their predecessors' read-lockers waited
+    ///   for (`MapWrite::carve`): no fault can add a wired PTE to them.
+    pub(super) fn unwire_unlocked_locked(&self, ctx: &Ctx<'_>, map: &super::MapWrite<'_>, start: u64, end: u64) {
+        let phys = &ctx.env.phys;
+        for v in map.overlapping(start, end).filter(|v| !v.flags.contains(VmaFlags::LOCKED)) {
+            self.pmap.update_range(phys, v.start.max(start), v.end.min(end), |_, pte| {
+                if !pte.is_wired() {
+                    return pte;
+                }
+                if phys.unwire(pte.pfn(), Some(&ctx.cpu.counters)) {
+                    ctx.m.orphan(pte.pfn());
+                }
+                pte.unwired()
+            });
+        }
     }
 
     /// Fault in and wire every page of the locked VMAs in `start..end`

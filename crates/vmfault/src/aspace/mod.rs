@@ -139,6 +139,10 @@ pub(crate) struct Space {
     takeover_missed: std::sync::atomic::AtomicBool,
     /// `[L]` (the heap lock `[H]`) the heap's start and break (`brk.rs`).
     pub(crate) heap: std::sync::Mutex<brk::Heap>,
+    /// `[L]` (taken inside the map lock of every zone, by `mremap` only)
+    /// the families of private anonymous objects whose pieces moved by
+    /// copy (`mremap.rs`, "Families"), as weak references.
+    pub(super) families: std::sync::Mutex<Vec<Vec<std::sync::Weak<crate::object::Object>>>>,
 }
 
 /// The map lock of the zones a change touches, held for writing. Any
@@ -372,6 +376,7 @@ impl AddressSpace {
                 publish,
                 takeover_missed: std::sync::atomic::AtomicBool::new(false),
                 heap: Default::default(),
+                families: Default::default(),
             }
         });
         s.register();

@@ -18,9 +18,28 @@
 //! - Any other private mapping moves by copy (`Change::copy_to`): a new
 //!   object, the private pages copied after the lock (those in swap read
 //!   back for it), then the old range unmapped.
+//! - `MREMAP_DONTUNMAP` leaves the old range mapped (`Change::empty`):
+//!   its PTEs cleared, the old mapping whole again and without
+//!   `VM_LOCKED`, without its object if a private one moved whole (Linux
+//!   unlinks its anon_vma) and, after a move by copy, with holes where the
+//!   copied pages were, so that private memory there reads as zeros.
 //! - A private mapping that grows (in place or moving) gets holes over
 //!   the new offsets in its object, so that nothing an object below holds
 //!   there (a page of a former neighbour, before a `fork`) shows.
+//!
+//! # Families
+//! Linux's moved VMA keeps its anon_vma, so pieces of one mapping moved
+//! apart by separate calls merge again when they come back side by side
+//! with contiguous offsets. Here the objects that pieces of a private
+//! anonymous object were copied to form a *family* with it (all of them
+//! Linux's one anon_vma), and a piece moved by copy goes to a member of
+//! its family rather than to a new object when one qualifies: it still
+//! stands alone (no `fork` shares it, no object lies below it), and every
+//! mapping of it keeps the distance between address and page offset the
+//! piece will have. Offsets then still never meet (the piece's addresses
+//! are free, so are its offsets in that object), and the pieces merge as
+//! Linux's do. The space keeps the families as weak references
+//! (`Space::families`).
 //!
 //! A grown shared anonymous mapping keeps its object's size: its pages
 //! beyond are SIGBUS, as on Linux (`Object::pages`).
@@ -39,6 +58,7 @@ use crate::error::{Error, Op, Result};
 use crate::machine::Ctx;
 use crate::object::{Found, Object};
 use crate::stats::Counter;
+use crate::sync::rank::{self, Rank};
 use crate::types::{Access, MremapFlags, PAGE_SHIFT, PAGE_SIZE, TASK_SIZE, is_page_aligned, page_align_up};
 
 /// Where a remapped range ended up, and what to fault in there.
@@ -64,6 +84,10 @@ struct CopyMove {
     new_len: u64,
     /// The offsets of the pages to copy.
     pages: Vec<u64>,
+    /// `MREMAP_DONTUNMAP`: the old range stays mapped, emptied, instead.
+    dontunmap: bool,
+    /// The old range's object and the page offset of its start.
+    source: (Arc<Object>, u64),
 }
 
 impl Remapped {
@@ -100,8 +124,17 @@ impl AddressSpace {
     /// that overlap, `old_len` 0 on a private mapping (`EINVAL`); nothing
     /// mapped at `addr`, or `addr + old_len` past its mapping's end
     /// (`EFAULT`); no room (`ENOMEM`), or no memory for a move by copy
-    /// (then the old mapping stays). `DONTUNMAP` is not modelled (`EINVAL`;
-    /// Linux moves the pages and leaves the old range mapped and empty).
+    /// (then the old mapping stays); `DONTUNMAP` with a new length
+    /// (`EINVAL`).
+    ///
+    /// `DONTUNMAP` (with `MAYMOVE`, the same length) moves the pages as any
+    /// move does, to `new_addr` with `FIXED`, else where an `mmap` with
+    /// `new_addr` as its hint would go, and leaves the old range mapped:
+    /// private memory there reads as zeros again (a page fault makes it
+    /// anew), shared memory is still the same memory. The old mapping
+    /// stays whole and loses `VM_LOCKED` (its other pages are unlocked),
+    /// as in Linux; a private file mapping there maps its file again. If a
+    /// move by copy fails, the old mapping stays as it was but unlocked.
     ///
     /// A move of part of a private mapping, or of one whose object other
     /// mappings share, copies its private pages (see the module docs): it
@@ -157,7 +190,9 @@ impl AddressSpace {
                 return Err(e);
             }
         }
-        if copy.old_len > 0 {
+        if copy.dontunmap {
+            s.vm.with_ctx(|ctx| s.emptied(ctx, copy))?;
+        } else if copy.old_len > 0 {
             s.vm.with_ctx(|ctx| s.munmap(ctx, copy.from, copy.old_len))?;
         }
         Ok(())
@@ -211,9 +246,6 @@ impl Space {
             if u128::from(addr) + u128::from(old_len) > u128::from(new_addr) && new_addr + new_len > addr {
                 return Err(Error::inval(op, "the new range overlaps the old one", new_addr));
             }
-            if flags.contains(MremapFlags::DONTUNMAP) {
-                return Err(Error::inval(op, "MREMAP_DONTUNMAP is not modelled", flags.bits().into()));
-            }
             if let Some(count) = self.zones.vmas_above(MAX_MAP_COUNT - 6) {
                 return Err(Error::TooManyMappings { op, count, limit: MAX_MAP_COUNT });
             }
@@ -233,10 +265,72 @@ impl Space {
                 removed: &mut removed,
                 replaced: &mut replaced,
                 fresh: Vec::new(),
+                dontunmap: flags.contains(MremapFlags::DONTUNMAP),
             };
             change.remap(addr, old_len, new_len, flags, new_addr)
         };
         removed.sort_by_key(|v| v.start);
+        self.end_removal(ctx, g, removed);
+        replaced.into_iter().for_each(spares::release_vma);
+        result
+    }
+
+    /// Put `new`, made for pieces of `o` moved by copy, in `o`'s family
+    /// (see "Families"), forgetting objects that have ended.
+    fn join_family(&self, o: &Arc<Object>, new: &Arc<Object>) {
+        let mut families = rank::lock(&self.families, Rank::Leaf);
+        for f in families.iter_mut() {
+            f.retain(|w| w.strong_count() > 0);
+        }
+        families.retain(|f| !f.is_empty());
+        match families.iter_mut().find(|f| f.iter().any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(o)))) {
+            Some(f) => f.push(Arc::downgrade(new)),
+            None => families.push(vec![Arc::downgrade(o), Arc::downgrade(new)]),
+        }
+    }
+
+    /// `MREMAP_DONTUNMAP` after a move by copy: empty the old range
+    /// `addr..addr+len` (its pages copied), if its mapping is still there
+    /// (another vCPU's change meanwhile is not ordered with the move).
+    fn emptied(&self, ctx: &Ctx<'_>, copy: &CopyMove) -> Result<()> {
+        let (addr, len) = (copy.from, copy.old_len);
+        let _busy = self.zones.busy(ctx.index.min(self.zones.cpus.len() - 1));
+        let mut g = Gather::default();
+        let mut removed = Removed::new();
+        let mut replaced = Removed::new();
+        let result = {
+            let mut map = self.map_write_all(ctx);
+            // The mapping the pages were copied from, still there: its
+            // object, at the same offset (else another change came first).
+            let (source, pindex) = &copy.source;
+            let same = |v: &&Arc<Vma>| {
+                v.end >= addr + len
+                    && v.object.get().is_some_and(|o| Arc::ptr_eq(o, source))
+                    && v.pindex(addr) == *pindex
+            };
+            match map.find(addr).filter(same).cloned() {
+                Some(vma) => self.reserve_holes_locked(ctx, &map, Op::Mremap, addr, addr + len).map(|()| {
+                    let mut change = Change {
+                        space: self,
+                        ctx,
+                        map: &mut map,
+                        g: &mut g,
+                        removed: &mut removed,
+                        replaced: &mut replaced,
+                        fresh: Vec::new(),
+                        dontunmap: true,
+                    };
+                    // A whole private anonymous mapping starts over
+                    // without its object, as Linux unlinks its anon_vma;
+                    // a part keeps it, and so does a private file
+                    // mapping's (its holes show the file).
+                    let whole = vma.start == addr && vma.end == addr + len;
+                    let goes = whole && !vma.flags.intersects(VmaFlags::SHARED | VmaFlags::FILE);
+                    change.empty(&vma, addr, len, true, if goes { None } else { vma.object.get().cloned() });
+                }),
+                None => Ok(()),
+            }
+        };
         self.end_removal(ctx, g, removed);
         replaced.into_iter().for_each(spares::release_vma);
         result
@@ -276,6 +370,8 @@ struct Change<'a, 'm> {
     /// its replacement (they moved by the same distance), as Linux's keep
     /// their one anon_vma.
     fresh: Vec<(Arc<Object>, Arc<Object>)>,
+    /// `MREMAP_DONTUNMAP`: moves leave the old range mapped and empty.
+    dontunmap: bool,
 }
 
 impl Change<'_, '_> {
@@ -287,7 +383,7 @@ impl Change<'_, '_> {
         }
         let vma = self.map.find(addr).cloned().ok_or(Error::OutsideMapping { op, addr, len: old_len })?;
         // `check_prep_vma`, for a call that maps something new.
-        if fixed || new_len > old_len {
+        if fixed || self.dontunmap || new_len > old_len {
             if old_len == 0 && !vma.is_shared() {
                 return Err(Error::inval(op, "old length 0 (a second mapping) of a private mapping", 0));
             }
@@ -295,6 +391,14 @@ impl Change<'_, '_> {
             if old_len.min(new_len) > vma.end - addr {
                 return Err(Error::OutsideMapping { op, addr, len: old_len });
             }
+        }
+        if self.dontunmap && !fixed {
+            // `vrm_set_new_addr`: where an mmap with `new_addr` as its hint
+            // would go (the same length: nothing to shrink).
+            let Some(to) = unmapped_area(&*self.map, round_hint(new_addr), new_len, MMAP_BASE) else {
+                return Err(Error::NoAddressSpace { op, addr, len: new_len });
+            };
+            return self.move_to(&vma, addr, old_len, new_len, to);
         }
         if fixed {
             // `mremap_to`: what is at the destination goes first, then a
@@ -348,6 +452,9 @@ impl Change<'_, '_> {
             let dest = target + if done.is_some() { v.start - last_end } else { 0 };
             last_end = v.end;
             self.unmap(dest, dest + piece, false)?;
+            // Looked up again, as Linux's `mremap_to` does: the destination
+            // may have covered part of it (outside the range moved).
+            let v = self.map.find(start).cloned().ok_or(Error::OutsideMapping { op: Op::Mremap, addr, len })?;
             let moved = self.move_to(&v, start, piece, piece, dest)?;
             done = Some(match done {
                 None => moved,
@@ -389,11 +496,22 @@ impl Change<'_, '_> {
         let object = match self.fresh.iter().find(|(old, _)| Arc::ptr_eq(old, o)) {
             Some((_, new)) => new.clone(),
             None => {
-                let fresh = match &file {
-                    Some(f) => Object::new_shadow(ctx, env, f, false),
-                    None => Object::new_anon(ctx, env),
+                let distance = to.wrapping_sub(pgoff << PAGE_SHIFT);
+                let new = match self.relative(o, distance) {
+                    Some(r) => r,
+                    None => {
+                        let fresh = match &file {
+                            Some(f) => Object::new_shadow(ctx, env, f, false),
+                            None => Object::new_anon(ctx, env),
+                        };
+                        let new =
+                            fresh.map_err(|_| Error::NoMemory { op: Op::Mremap, what: "a moved mapping's object" })?;
+                        if file.is_none() {
+                            self.space.join_family(o, &new);
+                        }
+                        new
+                    }
                 };
-                let new = fresh.map_err(|_| Error::NoMemory { op: Op::Mremap, what: "a moved mapping's object" })?;
                 self.fresh.push((o.clone(), new.clone()));
                 new
             }
@@ -417,8 +535,83 @@ impl Change<'_, '_> {
         self.map.insert(spares::vma(moved));
         self.replaced.extend(self.map.merge_range(to, to + new_len));
         let locked = if vma.flags.contains(VmaFlags::LOCKED) { vec![(to, to + new_len)] } else { Vec::new() };
-        let copy = CopyMove { from: addr, old_len, to, new_len, pages };
+        if self.dontunmap {
+            // The old mapping is emptied once the pages are copied; it
+            // loses `VM_LOCKED` now, as in Linux (a later piece of a
+            // several-mapping move may merge with it).
+            self.unlock_old(addr);
+        }
+        let source = (o.clone(), vma.pindex(addr));
+        let copy = CopyMove { from: addr, old_len, to, new_len, pages, dontunmap: self.dontunmap, source };
         Ok(Remapped { addr: to, present, locked, copies: vec![copy] })
+    }
+
+    /// `MREMAP_DONTUNMAP`'s old range `addr..addr+len` of `vma`: its PTEs
+    /// cleared (their addresses returned), its private pages dropped if
+    /// `punch` (a move by copy has copied them), and `vma` back whole,
+    /// unsplit, without `VM_LOCKED` (Linux clears it on the whole old
+    /// mapping: its other pages are unwired), with `object` as its object
+    /// (its own, or what replaces it when the moved range took it). Linux
+    /// keeps the old mapping as it is, its page tables moved away.
+    fn empty(&mut self, vma: &Arc<Vma>, addr: u64, len: u64, punch: bool, object: Option<Arc<Object>>) -> Vec<u64> {
+        let mut present = Vec::new();
+        let carved = self.map.carve(addr, addr + len);
+        let moved = if punch { None } else { Some(&mut present) };
+        self.space.unmap_locked(self.ctx, self.map, &carved, self.g, false, moved);
+        self.removed.extend(carved);
+        // The rest of `vma`, cut off by the carve (never published).
+        for at in [vma.start, addr + len] {
+            if let Some(rest) = self.map.find(at).filter(|r| r.start >= vma.start && r.end <= vma.end).cloned() {
+                self.replaced.push(self.map.remove(&rest));
+            }
+        }
+        let flags = vma.flags - VmaFlags::LOCKED;
+        self.map.insert(spares::vma(Vma::new(vma.start, vma.end, vma.prot, flags, vma.pgoff, object)));
+        if vma.flags.contains(VmaFlags::LOCKED) {
+            self.space.unwire_unlocked_locked(self.ctx, self.map, vma.start, vma.end);
+        }
+        present
+    }
+
+    /// An object of `o`'s family (see "Families") that a piece of `o`
+    /// moved now to `distance` between address and page offset may go to:
+    /// one that still stands alone, every mapping of which keeps that
+    /// distance.
+    fn relative(&self, o: &Arc<Object>, distance: u64) -> Option<Arc<Object>> {
+        let mut family: Vec<Arc<Object>> = {
+            let families = rank::lock(&self.space.families, Rank::Leaf);
+            let mine = families.iter().find(|f| f.iter().any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(o))));
+            mine.map(|f| f.iter().filter_map(std::sync::Weak::upgrade).collect()).unwrap_or_default()
+        };
+        let chosen = {
+            let section = self.ctx.rcu_read();
+            family.iter().position(|r| {
+                !Arc::ptr_eq(r, o)
+                    && r.stands_alone(&section)
+                    && self.map.iter().all(|v| {
+                        v.object.get().is_none_or(|w| !Arc::ptr_eq(w, r))
+                            || v.start.wrapping_sub(v.pgoff << PAGE_SHIFT) == distance
+                    })
+            })
+        };
+        // The others are dropped here, after the section: one may be the
+        // last reference to its object, whose end may wait for a grace
+        // period.
+        chosen.map(|i| family.swap_remove(i))
+    }
+
+    /// Take `VM_LOCKED` off the whole mapping at `addr`, if it has it
+    /// (`MREMAP_DONTUNMAP`'s old mapping, Linux's `dontunmap_complete`):
+    /// replaced by a copy without it, its PTEs unwired.
+    fn unlock_old(&mut self, addr: u64) {
+        let Some(old) = self.map.find(addr).filter(|v| v.flags.contains(VmaFlags::LOCKED)).cloned() else { return };
+        // Its read-lockers waited for: no fault adds a wired PTE after this.
+        self.replaced.extend(self.map.renew(old.start, old.end));
+        let copy = self.map.find(addr).cloned().expect("renewed in place");
+        let flags = copy.flags - VmaFlags::LOCKED;
+        let unlocked = Vma::new(copy.start, copy.end, copy.prot, flags, copy.pgoff, copy.object.get().cloned());
+        self.replaced.push(self.map.replace_no_wait(&copy, spares::vma(unlocked)));
+        self.space.unwire_unlocked_locked(self.ctx, self.map, old.start, old.end);
     }
 
     /// A private mapping's object takes page offsets `start..end` it did
@@ -488,17 +681,42 @@ impl Change<'_, '_> {
             let end = vma.pindex(vma.end);
             self.hide_below(vma, end, end + ((new_len.saturating_sub(old_len)) >> PAGE_SHIFT))?;
         }
+        // `MREMAP_DONTUNMAP`: what the old mapping maps after the move. A
+        // private mapping's object moves with it (Linux unlinks the old
+        // one's anon_vma): private anonymous memory starts over without
+        // one, a private file mapping with a new shadow of its file.
+        let stays = match (self.dontunmap, vma.object.get()) {
+            (false, _) | (_, None) => None,
+            (true, Some(o)) if vma.is_shared() => Some(o.clone()),
+            (true, Some(o)) if vma.flags.contains(VmaFlags::FILE) => {
+                let file = {
+                    let section = self.ctx.rcu_read();
+                    o.file_of(&section).expect("a private file mapping's object shadows its file")
+                };
+                let shadow = Object::new_shadow(self.ctx, &self.space.vm.m.env, &file, false);
+                Some(shadow.map_err(|_| Error::NoMemory { op, what: "a file mapping's new shadow object" })?)
+            }
+            (true, Some(_)) => None,
+        };
         let mut present = Vec::new();
-        if old_len > 0 {
+        if old_len > 0 && !self.dontunmap {
             let carved = self.map.carve(addr, addr + old_len);
             self.space.unmap_locked(self.ctx, self.map, &carved, self.g, true, Some(&mut present));
             self.removed.extend(carved);
         }
-        present.retain(|&a| a - addr < new_len);
-        present.iter_mut().for_each(|a| *a = *a - addr + to);
         let moved = Vma::new(to, to + new_len, vma.prot, vma.flags, pgoff, vma.object.get().cloned());
         self.map.insert(spares::vma(moved));
         self.replaced.extend(self.map.merge_range(to, to + new_len));
+        if old_len > 0 && self.dontunmap {
+            // Once the new mapping is in, as in Linux's `copy_vma`: one
+            // without an object may have merged with the old one, which
+            // is then what stays mapped (and loses `VM_LOCKED`).
+            let old = self.map.find(addr).cloned().expect("the old range is still mapped");
+            let object = if vma.object.get().is_some() { stays } else { old.object.get().cloned() };
+            present = self.empty(&old, addr, old_len, false, object);
+        }
+        present.retain(|&a| a - addr < new_len);
+        present.iter_mut().for_each(|a| *a = *a - addr + to);
         let locked = if vma.flags.contains(VmaFlags::LOCKED) { vec![(to, to + new_len)] } else { Vec::new() };
         Ok(Remapped { addr: to, present, locked, copies: Vec::new() })
     }

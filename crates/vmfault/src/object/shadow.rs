@@ -166,6 +166,17 @@ impl Object {
         e.maps(pfn) && e.is_dirty()
     }
 
+    /// Whether this object is private anonymous memory that stands alone:
+    /// no object below it, none above it (no `fork` shares it), not made
+    /// for a `fork`'s child, not a file's or a shared mapping's.
+    pub(crate) fn stands_alone(&self, section: &RcuReadGuard<'_>) -> bool {
+        self.file.is_none()
+            && !self.inherited
+            && self.pages == u64::MAX
+            && self.shadows.load(std::sync::atomic::Ordering::Acquire) == 0
+            && self.backing.read(section).is_none()
+    }
+
     /// The object below this one, if any.
     pub(crate) fn below(&self, section: &RcuReadGuard<'_>) -> Option<Arc<Object>> {
         self.backing.read(section).clone()
