@@ -28,6 +28,8 @@ mod atomic;
 mod brk;
 mod file;
 mod fork;
+#[cfg(feature = "vm-memory")]
+mod guest_memory;
 mod hold;
 mod layout;
 mod madvise;
