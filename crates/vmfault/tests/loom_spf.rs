@@ -64,6 +64,8 @@ unsafe impl Sync for Fields {}
 impl Drop for Fields {
     fn drop(&mut self) {
         // "Freeing" the VMA: a write that races any read still in flight.
+        // SAFETY: loom's cell checks this write against every access of
+        // the model; one still in flight is the bug the model looks for.
         self.0.with_mut(|p| unsafe { *p = 0xdead });
     }
 }

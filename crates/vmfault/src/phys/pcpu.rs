@@ -66,7 +66,7 @@ impl<'a> Frames<'a> {
     }
 
     /// Frames straight from the global list (no vCPU: set-up and tests).
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn global(phys: &'a PhysMem) -> Self {
         Frames { phys, cpu: None }
     }
