@@ -66,9 +66,12 @@ impl FilePages {
         // With `old_len` 0 (a second mapping of a shared one), the file
         // continues from the page at `off`.
         let first = self.fpage(off);
+        // A file page of unknown index goes on with pages of unknown index.
         let next = |i: u64| match (source.last().copied(), first) {
+            (Some(Some(UNKNOWN)), _) if i >= old => Some(UNKNOWN),
             (Some(Some(last)), _) if i >= old => Some(last + 1 + (i - old)),
-            (None, Some(f)) if f != UNKNOWN => Some(f + i),
+            (None, Some(UNKNOWN)) => Some(UNKNOWN),
+            (None, Some(f)) => Some(f + i),
             _ => None,
         };
         match at {
@@ -144,6 +147,12 @@ mod tests {
         let keep = TOp::Mremap { off: 8 * P, old_len: 2 * P, new_len: 2 * P, flags: 7, new_off: 20 * P };
         fp.apply(&keep, &Outcome::Addr(20 * P));
         assert_eq!((fp.fpage(8 * P), fp.fpage(20 * P), fp.fpage(21 * P)), (Some(11), Some(11), Some(12)));
+        // A mapping whose last page is of unknown index grows: unknown too
+        // (a debug build once overflowed here).
+        fp.set(30 * P, P, |_| Some(UNKNOWN));
+        let grow_unknown = TOp::Mremap { off: 30 * P, old_len: P, new_len: 2 * P, flags: 0, new_off: 0 };
+        fp.apply(&grow_unknown, &Outcome::Addr(30 * P));
+        assert_eq!(fp.fpage(31 * P), Some(UNKNOWN));
         // Moved out of the window: gone here.
         let away = TOp::Mremap { off: 2 * P, old_len: 3 * P, new_len: 3 * P, flags: 1, new_off: 0 };
         fp.apply(&away, &Outcome::Elsewhere);
