@@ -250,6 +250,14 @@ impl Space {
                 return Err(Error::TooManyMappings { op, count, limit: MAX_MAP_COUNT });
             }
         }
+        self.change(ctx, flags.contains(MremapFlags::DONTUNMAP), |change| {
+            change.remap(addr, old_len, new_len, flags, new_addr)
+        })
+    }
+
+    /// Run `f` on a [`Change`] under the map lock of every zone, then tear
+    /// down what it removed and release what it replaced.
+    fn change<R>(&self, ctx: &Ctx<'_>, dontunmap: bool, f: impl FnOnce(&mut Change<'_, '_>) -> R) -> R {
         // In flight until the frees are done (`zones.rs`).
         let _busy = self.zones.busy(ctx.index.min(self.zones.cpus.len() - 1));
         let mut g = Gather::default();
@@ -257,7 +265,7 @@ impl Space {
         let mut replaced = Removed::new();
         let result = {
             let mut map = self.map_write_all(ctx);
-            let mut change = Change {
+            f(&mut Change {
                 space: self,
                 ctx,
                 map: &mut map,
@@ -265,9 +273,8 @@ impl Space {
                 removed: &mut removed,
                 replaced: &mut replaced,
                 fresh: Vec::new(),
-                dontunmap: flags.contains(MremapFlags::DONTUNMAP),
-            };
-            change.remap(addr, old_len, new_len, flags, new_addr)
+                dontunmap,
+            })
         };
         removed.sort_by_key(|v| v.start);
         self.end_removal(ctx, g, removed);
@@ -294,12 +301,7 @@ impl Space {
     /// (another vCPU's change meanwhile is not ordered with the move).
     fn emptied(&self, ctx: &Ctx<'_>, copy: &CopyMove) -> Result<()> {
         let (addr, len) = (copy.from, copy.old_len);
-        let _busy = self.zones.busy(ctx.index.min(self.zones.cpus.len() - 1));
-        let mut g = Gather::default();
-        let mut removed = Removed::new();
-        let mut replaced = Removed::new();
-        let result = {
-            let mut map = self.map_write_all(ctx);
+        self.change(ctx, true, |change| {
             // The mapping the pages were copied from, still there: its
             // object, at the same offset (else another change came first).
             let (source, pindex) = &copy.source;
@@ -308,32 +310,16 @@ impl Space {
                     && v.object.get().is_some_and(|o| Arc::ptr_eq(o, source))
                     && v.pindex(addr) == *pindex
             };
-            match map.find(addr).filter(same).cloned() {
-                Some(vma) => self.reserve_holes_locked(ctx, &map, Op::Mremap, addr, addr + len).map(|()| {
-                    let mut change = Change {
-                        space: self,
-                        ctx,
-                        map: &mut map,
-                        g: &mut g,
-                        removed: &mut removed,
-                        replaced: &mut replaced,
-                        fresh: Vec::new(),
-                        dontunmap: true,
-                    };
-                    // A whole private anonymous mapping starts over
-                    // without its object, as Linux unlinks its anon_vma;
-                    // a part keeps it, and so does a private file
-                    // mapping's (its holes show the file).
-                    let whole = vma.start == addr && vma.end == addr + len;
-                    let goes = whole && !vma.flags.intersects(VmaFlags::SHARED | VmaFlags::FILE);
-                    change.empty(&vma, addr, len, true, if goes { None } else { vma.object.get().cloned() });
-                }),
-                None => Ok(()),
-            }
-        };
-        self.end_removal(ctx, g, removed);
-        replaced.into_iter().for_each(spares::release_vma);
-        result
+            let Some(vma) = change.map.find(addr).filter(same).cloned() else { return Ok(()) };
+            self.reserve_holes_locked(ctx, change.map, Op::Mremap, addr, addr + len)?;
+            // A whole private anonymous mapping starts over without its
+            // object, as Linux unlinks its anon_vma; a part keeps it, and
+            // so does a private file mapping's (its holes show the file).
+            let whole = vma.start == addr && vma.end == addr + len;
+            let goes = whole && !vma.flags.intersects(VmaFlags::SHARED | VmaFlags::FILE);
+            change.empty(&vma, addr, len, true, if goes { None } else { vma.object.get().cloned() });
+            Ok(())
+        })
     }
 
     /// After the lock: fault in what a move carried (a locked mapping's
