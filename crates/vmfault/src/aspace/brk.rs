@@ -141,7 +141,7 @@ impl Space {
     /// next mapping's start, less its guard gap if it is a stack: see
     /// `stack.rs`).
     fn grow_heap(&self, ctx: &Ctx<'_>, start: u64, old: u64, new: u64) -> bool {
-        let mut map = self.map_write(ctx, old, super::stack::above_gap(new + PAGE_SIZE));
+        let mut map = self.map_write(ctx, old, self.zones.gap_reach(new + PAGE_SIZE));
         if map.lowest_in(old, new + PAGE_SIZE).is_some() || self.check_count(Op::Brk).is_err() {
             return false;
         }

@@ -11,7 +11,6 @@ use super::layout::{MMAP_BASE, round_hint, unmapped_area};
 use super::spares;
 use super::vma::{Lookup, VmaIndex};
 use super::vma::{Vma, VmaFlags};
-use super::zones::Gaps;
 use super::{AddressSpace, MAX_MAP_COUNT, MapWrite, Space};
 use crate::error::{Error, Op, Result};
 use crate::machine::Ctx;
@@ -355,9 +354,10 @@ impl Space {
                     }
                 }
             };
-            // Still free (a stack's guard gap included, as far as the
-            // zones held show it).
-            if map.lowest_in(start, end).is_none() {
+            // Still free. (The search kept a stack's guard gap; a stack
+            // mapped meanwhile by another vCPU may come within it, as the
+            // order of the two changes allows.)
+            if !map.intersects(start, end) {
                 return Some(Ok((map, start)));
             }
         }

@@ -198,6 +198,9 @@ impl MapHeld for MapWrite<'_> {
 /// is recorded on its object once, by the index of its first zone.
 impl VmaIndex for MapWrite<'_> {
     fn put(&mut self, vma: Arc<Vma>) {
+        if vma.flags.contains(VmaFlags::GROWSDOWN) {
+            self.space.zones.stack_added();
+        }
         let (first, last) = self.space.zones.span(vma.start, vma.end);
         if first == last {
             let tree = self.tree_mut(first);

@@ -156,6 +156,10 @@ pub(crate) struct Zones {
     zones: Box<[CachePadded<Zone>]>,
     /// `[S]` per vCPU slot (the unattached threads' shared slot last).
     pub(super) cpus: Box<[CachePadded<SpaceCpu>]>,
+    /// `[a]` set (once, never cleared) when a stack (`MAP_GROWSDOWN`) is
+    /// put in: until then the gap search looks at no zone beyond a
+    /// candidate's for a stack's guard gap (`stack.rs`). Read-mostly.
+    pub(super) stacks: std::sync::atomic::AtomicBool,
     /// `[a]` the space's VMA count, less what the slots have not moved here
     /// yet (Linux's `percpu_counter`: written once per `COUNT_BATCH`
     /// changes of a slot's count, not by every change).
@@ -186,9 +190,23 @@ impl Zones {
             geo: Geometry { shift, n },
             zones: (0..n).map(|_| zone()).collect(),
             cpus: (0..=slots).map(|_| CachePadded(SpaceCpu::default())).collect(),
+            stacks: std::sync::atomic::AtomicBool::new(false),
             vmas: CachePadded(AtomicIsize::new(0)),
             changers: CachePadded((0..(slots + 1).div_ceil(64)).map(|_| Default::default()).collect()),
             changing: (0..=slots).map(|_| CachePadded::default()).collect(),
+        }
+    }
+
+    /// Where a stack's guard gap above `end` may reach down from: `end`
+    /// itself while the space has no stack.
+    pub(super) fn gap_reach(&self, end: u64) -> u64 {
+        if self.stacks.load(Ordering::Relaxed) { super::stack::above_gap(end) } else { end }
+    }
+
+    /// Note that a stack was put in (see [`Zones::stacks`]).
+    pub(super) fn stack_added(&self) {
+        if !self.stacks.load(Ordering::Relaxed) {
+            self.stacks.store(true, Ordering::Relaxed);
         }
     }
 
@@ -517,14 +535,20 @@ impl Gaps for Published<'_> {
     // As for one index, over the zones of the range and of a stack guard
     // gap above it (a stack in the next zone may reach down into this one).
     fn lowest_in(&self, start: u64, end: u64) -> Option<(u64, u64)> {
-        let (first, last) = self.zones.span(start, super::stack::above_gap(end));
+        let (first, last) = self.zones.span(start, self.zones.gap_reach(end));
+        if first == last {
+            return self.at(first).lowest_in(start, end);
+        }
         let v = (first..=last).find_map(|z| self.at(z).find_from(start))?;
         let from = super::stack::start_gap(v);
         (from < end).then_some((from, v.end))
     }
 
     fn highest_in(&self, start: u64, end: u64) -> Option<(u64, u64)> {
-        let (first, last) = self.zones.span(start, super::stack::above_gap(end));
+        let (first, last) = self.zones.span(start, self.zones.gap_reach(end));
+        if first == last {
+            return self.at(first).highest_in(start, end);
+        }
         let at_end = self.zones.zone_of(end - 1);
         if let Some(v) = (at_end..=last).find_map(|z| self.at(z).find_from(end - 1))
             && super::stack::start_gap(v) < end
