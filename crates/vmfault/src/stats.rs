@@ -179,6 +179,7 @@ stats! {
         map_lock_acquisitions: "address-space map lock acquisitions (read or write)",
         map_lock_writes: "address-space map lock acquisitions for writing",
         placement_detours: "mmaps that found a zone of Linux's address held by another change and looked below it (map_lock=zoned)",
+        placement_home: "unhinted mmaps placed in their vCPU's own zone below Linux's, another change being in flight (map_lock=zoned)",
         pte_lock_contended: "PTE lock acquisitions that had to wait",
         pte_lock_try_failures: "PTE lock try-locks that failed",
         tlb_shootdowns: "grace periods (polled, or waited for) after clearing or narrowing PTEs, before the call returns or its frames are reused",

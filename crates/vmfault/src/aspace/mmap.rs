@@ -315,6 +315,9 @@ impl Space {
         }
         let (mut high, mut detours) = (MMAP_BASE, 0);
         let slot = ctx.index.min(self.zones.cpus.len() - 1);
+        // In flight from here, its search included: two mmaps searching
+        // at once each see the other and go to zones of their own.
+        let _busy = self.zones.busy(slot);
         if hint == 0 && self.zones.others_changing(slot) {
             // Another change is in flight: this vCPU's own zone, below
             // Linux's, a page short of its end (a change locks the zone
@@ -322,6 +325,7 @@ impl Space {
             let linux = self.zones.zone_of(MMAP_BASE - 1);
             if let Some(home) = self.zones.home_below(linux, slot) {
                 high = self.zones.end_of(home) - crate::types::PAGE_SIZE;
+                ctx.count(Counter::placement_home);
             }
         }
         loop {

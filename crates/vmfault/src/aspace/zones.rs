@@ -38,7 +38,8 @@
 //! While another vCPU has an operation in flight on the space (it holds a
 //! zone's map lock, for writing or, as a fault under the map lock that may
 //! give a VMA its object, for reading; or it is inside a `munmap`, its
-//! frees included: `Zones::changing`, read for the slots in
+//! frees included, or inside an mmap's search for a place: two searching
+//! at once see each other; `Zones::changing`, read for the slots in
 //! `Zones::changers` only), an
 //! unhinted mmap goes straight to a zone of its vCPU's own below Linux's
 //! (`Zones::home_below`), instead of trying Linux's zone first: vCPUs

@@ -30,6 +30,7 @@ use std::sync::{Arc, Mutex};
 use super::pte::Pte;
 use super::radix::{Leaf, OutOfFrames, PruneRange, Radix, TABLE_LIMIT};
 use crate::phys::{Frames, Pfn, PhysMem, WORDS};
+use crate::sync::CachePadded;
 use crate::sync::generation::{Generation, Stamp};
 use crate::sync::rank::{self, Rank};
 use crate::sync::spin::{self, WordGuard};
@@ -41,19 +42,36 @@ pub(crate) struct Pmap {
     /// `[I]` root; entries `[a]`, changed under the PTE lock (leaves) or by
     /// CAS from empty (interior levels).
     radix: Radix,
-    /// `[a]` page-table pages in use, root included (rarely written: only
-    /// when a table page is added or pruned).
-    tables: AtomicU64,
-    /// `[M][a]` prunes that detached page-table pages (bumped under the map
-    /// write lock, after the detach; read lockless): how a walk made
-    /// before the VMA snapshot was read knows its leaf is still attached
-    /// (see [`Missed`]).
-    prunes: Generation,
+    /// `[S]` the table's counts, per region slot (see [`Region`]).
+    regions: Box<[CachePadded<Region>]>,
     /// `[a]` whether any second MMU is attached (written under `seconds`;
     /// read by every change, which looks at `seconds` only if set).
     has_second: AtomicBool,
     /// `[L]` the second MMUs that mirror this table (a leaf lock).
     seconds: Mutex<Vec<Arc<dyn SecondMmu>>>,
+}
+
+/// log2 of the bytes of a region: what one entry of the root covers (512
+/// GiB; a zone of `map_lock=zoned`). Nothing below the root spans two.
+const REGION_SHIFT: u32 = PAGE_SHIFT + 3 * super::radix::BITS;
+/// Region slots: regions `r` and `r + REGION_SLOTS` share one.
+const REGION_SLOTS: usize = 16;
+
+/// A page table's counts for the regions of one slot, on a line of its
+/// own: changes and faults in different regions (vCPUs mapping and
+/// unmapping in zones of their own) write none in common. A count shared
+/// by the space, bumped by every prune and read by every fault, made
+/// `malloc1` at two vCPUs slower than at one.
+#[derive(Debug)]
+struct Region {
+    /// `[a]` page-table pages below the root in these regions (written
+    /// when one is added or pruned).
+    tables: AtomicU64,
+    /// `[M][a]` prunes that detached page-table pages of these regions
+    /// (bumped under the map write lock, after the detach; read
+    /// lockless): how a walk made before the VMA snapshot was read knows
+    /// its leaf is still attached (see [`Missed`]).
+    prunes: Generation,
 }
 
 /// A second MMU that mirrors a page table (see the module docs): told of
@@ -134,8 +152,9 @@ impl Pmap {
     pub(crate) fn new(frames: &Frames<'_>) -> Result<Pmap, OutOfFrames> {
         Ok(Pmap {
             radix: Radix::table(frames)?,
-            tables: AtomicU64::new(1),
-            prunes: Generation::new(),
+            regions: (0..REGION_SLOTS)
+                .map(|_| CachePadded(Region { tables: AtomicU64::new(0), prunes: Generation::new() }))
+                .collect(),
             has_second: AtomicBool::new(false),
             seconds: Mutex::new(Vec::new()),
         })
@@ -186,9 +205,15 @@ impl Pmap {
         leaf.entry.store(new.0, Ordering::Release);
     }
 
-    /// Page-table pages in use.
+    /// Page-table pages in use, the root included.
     pub(crate) fn tables(&self) -> u64 {
-        self.tables.load(Ordering::Relaxed)
+        1 + self.regions.iter().map(|r| r.tables.load(Ordering::Relaxed)).sum::<u64>()
+    }
+
+    /// The counts of the region of `addr`.
+    #[inline]
+    fn region(&self, addr: u64) -> &Region {
+        &self.regions[(addr >> REGION_SHIFT) as usize % REGION_SLOTS]
     }
 
     /// The frame behind `addr` if its PTE lets `access` through: the TLB
@@ -216,7 +241,7 @@ impl Pmap {
         access: Access,
         hint: &LeafHint,
     ) -> Result<Pfn, Missed<'p>> {
-        let prunes = self.prunes.stamp();
+        let prunes = self.region(addr).prunes.stamp();
         let (v, block) = (vpn(addr), vpn(addr) >> 9);
         let leaf = match hint.get(block, prunes) {
             Some(node) => Some(Leaf::new(&phys.words(node)[(v % WORDS as u64) as usize], node)),
@@ -258,7 +283,7 @@ impl Pmap {
     #[inline]
     pub(crate) fn pte_after<'p>(&self, phys: &'p PhysMem, addr: u64, missed: Option<Missed<'p>>) -> Option<Leaf<'p>> {
         match missed {
-            Some(m) if self.prunes.unchanged(m.prunes) => m.leaf,
+            Some(m) if self.region(addr).prunes.unchanged(m.prunes) => m.leaf,
             _ => self.pte(phys, addr),
         }
     }
@@ -267,7 +292,7 @@ impl Pmap {
     pub(crate) fn pte_alloc<'p>(&self, frames: &Frames<'p>, addr: u64) -> Result<Leaf<'p>, OutOfFrames> {
         let (leaf, added) = self.radix.leaf_alloc(frames, vpn(addr))?;
         if added > 0 {
-            self.tables.fetch_add(u64::from(added), Ordering::Relaxed);
+            self.region(addr).tables.fetch_add(u64::from(added), Ordering::Relaxed);
         }
         Ok(leaf)
     }
@@ -348,15 +373,28 @@ impl Pmap {
     /// The caller holds the map lock for writing, which excludes faults
     /// that could add a table in the range.
     pub(crate) fn prune(&self, phys: &PhysMem, start: u64, end: u64, floor: u64, ceiling: u64, out: &mut Vec<Pfn>) {
-        let before = out.len();
         let index = |a: u64| if a >= TABLE_LIMIT << PAGE_SHIFT { TABLE_LIMIT } else { vpn(a) };
-        let range = PruneRange { start: index(start), end: index(end), floor: index(floor), ceiling: index(ceiling) };
-        self.radix.prune(phys, range, out);
-        let freed = (out.len() - before) as u64;
-        if freed > 0 {
-            self.tables.fetch_sub(freed, Ordering::Relaxed);
-            // After the detach, before the map lock is released (see `Missed`).
-            self.prunes.bump();
+        // Region by region, each counting its own (no table below the
+        // root spans two).
+        let (mut at, end) = (start, end.min(TABLE_LIMIT << PAGE_SHIFT));
+        while at < end {
+            let next = ((at >> REGION_SHIFT) + 1) << REGION_SHIFT;
+            let before = out.len();
+            let range = PruneRange {
+                start: index(at),
+                end: index(end.min(next)),
+                floor: index(floor),
+                ceiling: index(ceiling),
+            };
+            self.radix.prune(phys, range, out);
+            let freed = (out.len() - before) as u64;
+            if freed > 0 {
+                let region = self.region(at);
+                region.tables.fetch_sub(freed, Ordering::Relaxed);
+                // After the detach, before the map lock is released (see `Missed`).
+                region.prunes.bump();
+            }
+            at = next;
         }
     }
 
@@ -366,7 +404,9 @@ impl Pmap {
     /// belong to objects, which free them.
     pub(crate) fn teardown(&mut self, phys: &PhysMem, out: &mut Vec<Pfn>) {
         self.radix.teardown(phys, out, None);
-        self.tables.store(0, Ordering::Relaxed);
+        for r in self.regions.iter() {
+            r.tables.store(0, Ordering::Relaxed);
+        }
     }
 }
 
