@@ -41,7 +41,16 @@ pub struct RoundResult {
     /// or more threads).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub line_round_trip_ns: Option<f64>,
+    /// Ops done in the part of the round whose heap allocations the
+    /// `heap_allocs` counter holds: after its first [`WARM_FRACTION`],
+    /// the steady state (a round's workers are new threads, whose
+    /// thread-local spares start empty). `None`: none counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heap_ops: Option<u64>,
 }
+
+/// The share of a round after which its heap allocations are counted.
+pub const WARM_FRACTION: f64 = 0.25;
 
 impl RoundResult {
     /// Ops per wall second.
@@ -166,9 +175,10 @@ fn sleep_unless(secs: f64, cancel: &AtomicBool) {
     }
 }
 
-/// What one worker did: its ops, CPU seconds, host minor faults and heap
-/// allocations.
-type WorkerResult = (Result<loops::Done, OpError>, f64, u64, u64);
+/// What one worker did: its ops, CPU seconds, host minor faults, and its
+/// heap allocations after the round's warm part with the ops it did
+/// meanwhile.
+type WorkerResult = (Result<loops::Done, OpError>, f64, u64, (u64, u64));
 
 /// Like [`round`], but ends early when `cancel` is raised (for live views).
 pub fn round_until<T: Target>(
@@ -205,12 +215,12 @@ pub fn round_until<T: Target>(
             }
         },
     };
-    let stop = AtomicBool::new(false);
+    let (warm, stop) = (AtomicBool::new(false), AtomicBool::new(false));
     let start = Barrier::new(threads + 1);
     let (seconds, per_thread) = std::thread::scope(|s| {
         let workers: Vec<_> = (0..threads)
             .map(|i| {
-                let (stop, start) = (&stop, &start);
+                let (warm, stop, start) = (&warm, &stop, &start);
                 let target = own.as_ref().map_or(target, |v| &v[i]);
                 s.spawn(move || {
                     pin(i);
@@ -219,16 +229,28 @@ pub fn round_until<T: Target>(
                     let flt = thread_minor_faults();
                     start.wait();
                     let cpu = thread_cpu_seconds();
-                    let heap = crate::heap::thread_allocs();
-                    let r = scratch.and_then(|mut scratch| loops::run(w, target, sizes, &mut scratch, stop));
-                    let heap = crate::heap::thread_allocs() - heap;
+                    // The loop runs twice: until the round is warm, then
+                    // to its end, counting the heap allocations.
+                    let r = scratch.and_then(|mut scratch| {
+                        let first = loops::run(w, target, sizes, &mut scratch, warm)?;
+                        let heap = crate::heap::thread_allocs();
+                        let rest = loops::run(w, target, sizes, &mut scratch, stop)?;
+                        let heap = (crate::heap::thread_allocs() - heap, rest.ops);
+                        Ok((first.and(rest), heap))
+                    });
+                    let (r, heap) = match r {
+                        Ok((done, heap)) => (Ok(done), heap),
+                        Err(e) => (Err(e), (0, 0)),
+                    };
                     (r, thread_cpu_seconds() - cpu, thread_minor_faults() - flt, heap)
                 })
             })
             .collect();
         start.wait();
         let t0 = Instant::now();
-        sleep_unless(secs, cancel);
+        sleep_unless(secs * WARM_FRACTION, cancel);
+        warm.store(true, Ordering::Relaxed);
+        sleep_unless(secs * (1.0 - WARM_FRACTION), cancel);
         stop.store(true, Ordering::Relaxed);
         let seconds = t0.elapsed().as_secs_f64();
         (seconds, workers.into_iter().map(|h| h.join().expect("worker panicked")).collect::<Vec<_>>())
@@ -252,14 +274,16 @@ fn finish(
         cpu_seconds: 0.0,
         counters: counter_delta(&before, &after),
         line_round_trip_ns: None,
+        heap_ops: None,
     };
-    for (done, cpu, minflt, heap) in per_worker {
+    for (done, cpu, minflt, (heap, heap_ops)) in per_worker {
         let done = done?;
         r.ops += done.ops;
-        if crate::heap::installed() {
+        if crate::heap::installed() && heap_ops > 0 {
             // The loop's own allocations: vmfault's on its rows, the
             // harness's (none in steady state) on the host's.
             *r.counters.entry("heap_allocs".to_string()).or_default() += heap;
+            *r.heap_ops.get_or_insert(0) += heap_ops;
         }
         for (k, v) in done.extra {
             *r.counters.entry(k.to_string()).or_default() += v;
@@ -400,7 +424,7 @@ fn forked_round<T: Target>(
             } else {
                 Err(format!("processes mode: worker {i} ({}) failed or died", w.name()))
             };
-            (done, slot.cpu_ns.load(Ordering::Relaxed) as f64 * 1e-9, slot.minflt.load(Ordering::Relaxed), 0)
+            (done, slot.cpu_ns.load(Ordering::Relaxed) as f64 * 1e-9, slot.minflt.load(Ordering::Relaxed), (0, 0))
         })
         .collect();
     // SAFETY: every child has been reaped; nothing refers to the mapping.
@@ -491,6 +515,7 @@ fn pft_round<T: Target>(
         cpu_seconds: 0.0,
         counters: counter_delta(&before, &after),
         line_round_trip_ns: None,
+        heap_ops: None,
     };
     for (cpu, minflt, err) in per_thread {
         if let Some(e) = err {

@@ -111,6 +111,20 @@ pub(crate) struct Done {
     pub(crate) extra: Vec<(&'static str, u64)>,
 }
 
+impl Done {
+    /// This and `more`, done after it: ops and extras added up.
+    pub(crate) fn and(mut self, more: Done) -> Done {
+        self.ops += more.ops;
+        for (k, v) in more.extra {
+            match self.extra.iter_mut().find(|(name, _)| *name == k) {
+                Some((_, total)) => *total += v,
+                None => self.extra.push((k, v)),
+            }
+        }
+        self
+    }
+}
+
 impl From<u64> for Done {
     fn from(ops: u64) -> Done {
         Done { ops, extra: Vec::new() }

@@ -217,8 +217,16 @@ pub(crate) fn row(
         BTreeMap::new()
     };
     let ops: u64 = rounds.iter().map(|r| r.ops).sum();
+    // Heap allocations are counted in the steady part of each round only.
+    let heap_ops: u64 = rounds.iter().filter_map(|r| r.heap_ops).sum();
     let per_op = if ops > 0 {
-        counters.iter().map(|(k, &v)| (k.clone(), v as f64 / ops as f64)).collect()
+        counters
+            .iter()
+            .filter_map(|(k, &v)| match k.as_str() {
+                "heap_allocs" => (heap_ops > 0).then(|| (k.clone(), v as f64 / heap_ops as f64)),
+                _ => Some((k.clone(), v as f64 / ops as f64)),
+            })
+            .collect()
     } else {
         BTreeMap::new()
     };
@@ -403,6 +411,7 @@ mod tests {
             cpu_seconds: secs,
             counters: BTreeMap::new(),
             line_round_trip_ns: None,
+            heap_ops: None,
         }
     }
 

@@ -137,7 +137,8 @@
 //!                                      swap slot map, an object's reverse-map mutex, the pv
 //!                                      lists, a file object's recent-files, writer and
 //!                                      write-back mutexes, the daemon's doorbell, the RCU's
-//!                                      poll mutex, only ever try-locked)
+//!                                      poll mutex, only ever try-locked; the depots of
+//!                                      spare VMA records and index nodes)
 //! ```
 //!
 //! Debug builds check this order as locks are taken (`sync::rank`: each

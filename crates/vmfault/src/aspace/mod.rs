@@ -84,9 +84,15 @@ const SNAPSHOT_BACKLOG: usize = 32;
 /// free (looking costs more than the few versions it would free).
 const RECLAIM_BATCH: usize = 8;
 
-/// Snapshots one reclaim gave back: inline up to twice a batch (no heap
-/// allocation in steady state).
-type AgedSnapshots = smallvec::SmallVec<[Snapshot; 2 * RECLAIM_BATCH]>;
+/// Snapshots one reclaim gave back, in this thread's buffer for them (no
+/// heap allocation in steady state, whatever a reclaim frees at once: a
+/// list inline for two batches spilled after a long grace period).
+type AgedSnapshots = crate::sync::scratch::Scratch<Snapshot>;
+
+thread_local! {
+    /// `[T]` the buffer of [`AgedSnapshots`].
+    static AGED: std::cell::Cell<Vec<Snapshot>> = const { std::cell::Cell::new(Vec::new()) };
+}
 
 /// Linux's default `vm.max_map_count`.
 pub const MAX_MAP_COUNT: usize = 65530;
@@ -637,12 +643,12 @@ impl Space {
             // own for one more, on the list without a vCPU, which empties
             // into the global list: at 16 vCPUs, 1.3 frames per vmlocal
             // loop through the global lock).
-            d.drop_aged_of_with(ctx.index.min(d.unowned()), rcu, false, |done| {
+            d.drop_aged_of_with(ctx.index.min(d.unowned()), rcu, false, |mut done| {
                 let mut others = Vec::new();
                 aged(ctx, || {
-                    for v in done {
-                        match v.downcast::<Snapshot>() {
-                            Ok(s) => spares::release_snapshot(*s),
+                    for v in done.drain(..) {
+                        match v.downcast::<vma::SnapshotNode>() {
+                            Ok(s) => spares::release_snapshot(Some(s)),
                             Err(other) => others.push(other),
                         }
                     }
@@ -663,7 +669,7 @@ impl Space {
         // what this thread pushed or took over before the look; the slot
         // of unattached threads is pushed to by several, so it looks again
         // under the list's lock.
-        let mut done = AgedSnapshots::new();
+        let mut done = AgedSnapshots::take(&AGED);
         let own = slot < self.zones.cpus.len() - 1;
         let reclaimed = match look(&mut quiet) {
             Some(proof) if own => {
@@ -714,13 +720,23 @@ impl Space {
             // period that the grace-period thread runs; this vCPU's next
             // change drops them, or an allocation that finds nothing
             // (`phys::deferred`).
-            let boxed = list.into_iter().map(|r| r.map(|s| Box::new(s) as Box<dyn std::any::Any + Send>)).collect();
-            d.push_drops(ctx.index.min(d.unowned()), boxed);
+            // (An empty version holds nothing: it is not queued.)
+            let drops = list
+                .drain(..)
+                .filter_map(|r| r.map(|s| s.map(|s| s as Arc<dyn std::any::Any + Send + Sync>)).transpose());
+            d.push_drops(ctx.index.min(d.unowned()), drops);
+            // The list's room goes back for the next retirements (taking
+            // it left none).
+            let mut retired = rank::lock(mine, Rank::Leaf);
+            if retired.capacity() < list.capacity() {
+                std::mem::swap(&mut *retired, &mut list);
+                retired.append(&mut list);
+            }
             return quiet.flatten();
         }
         // Wait for a grace period, without the lock (writers push to it
         // while holding the map lock).
-        let mut done = AgedSnapshots::new();
+        let mut done = AgedSnapshots::take(&AGED);
         rcu.reclaim_each(&mut list, true, |s| done.push(s));
         if !list.is_empty() {
             let mut retired = rank::lock(mine, Rank::Leaf);
@@ -772,8 +788,8 @@ impl Space {
     /// ended, so they go to this vCPU's cache with no wait of their own
     /// and no global lock (`object::dropping_aged`). Their nodes and
     /// records become this thread's spares (`aspace/spares.rs`).
-    fn drop_aged(&self, ctx: &Ctx<'_>, done: impl IntoIterator<Item = Snapshot>) {
-        aged(ctx, || done.into_iter().for_each(spares::release_snapshot));
+    fn drop_aged(&self, ctx: &Ctx<'_>, mut done: AgedSnapshots) {
+        aged(ctx, || done.drain(..).for_each(spares::release_snapshot));
     }
 
     /// Drop the VMAs a change removed (their objects may end here), after

@@ -17,24 +17,61 @@
 //! objects end exactly where they ended before) and waits, empty, for the
 //! next `mmap`, split or merge on this thread ([`vma`]); a node that
 //! nobody else holds waits for the next insertion or copy of a shared node
-//! ([`Recycle`]). At most [`KEEP`] of each are kept per thread; the rest
-//! are freed.
+//! ([`Recycle`]). At most [`KEEP`] of each are kept per thread.
+//!
+//! # The depot
+//! A record is often freed on another vCPU than the one that made it (a
+//! vCPU drops the retired snapshots it took over from another, with the
+//! records only they held), so one thread's spares fill while another's
+//! run dry, and the first freed what the second then allocated (1.4 in
+//! 10,000 mmap1 loops at two vCPUs). As in Bonwick's magazine allocator,
+//! a thread whose spares of a kind are full hands the whole list (a
+//! *magazine*) to a process-wide depot and goes on with an empty one from
+//! it, and a thread with none takes a full one, giving its empty one
+//! back. The depot's lock (a leaf) is taken once per [`KEEP`] records
+//! moved between vCPUs; it keeps at most [`DEPOT_MAGAZINES`] full ones of
+//! each kind (beyond, the records are freed), and magazines once made
+//! circulate, so nothing is allocated in steady state.
 //!
 //! A thread is the unit, as it is of glibc's tcache: a vCPU is a thread
 //! (`Vm::attach`), and no thread touches another's spares, so they take
-//! no lock and write no line another vCPU writes. A record is reused only
+//! no lock and write no line another vCPU writes (but the depot's, once
+//! per magazine: below). A record is reused only
 //! once nobody holds it (`Arc::get_mut`): no reader can still see it in
 //! a published version, since every version that named it has been
 //! dropped, and nothing compares VMA records by address.
 
 use std::cell::RefCell;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use super::ptree::{self, Recycle};
 use super::vma::{Snapshot, SnapshotNode, Vma};
+use crate::sync::rank::{self, Rank};
 
-/// Spares of each kind kept per thread.
+/// Spares of each kind kept per thread (a magazine's size).
 pub(crate) const KEEP: usize = 256;
+
+/// Full magazines of each kind the depot keeps.
+const DEPOT_MAGAZINES: usize = 16;
+
+/// Magazines that threads handed over (`[L]`: a leaf lock).
+struct Depot<T> {
+    /// Full ones, for threads that have none.
+    full: Vec<Vec<T>>,
+    /// Empty ones (with their room), for threads whose own are full.
+    empty: Vec<Vec<T>>,
+}
+
+impl<T> Depot<T> {
+    const fn new() -> Mutex<Depot<T>> {
+        Mutex::new(Depot { full: Vec::new(), empty: Vec::new() })
+    }
+}
+
+/// `[L]` the depot of records.
+static VMAS: Mutex<Depot<Arc<Vma>>> = Depot::new();
+/// `[L]` the depot of nodes.
+static NODES: Mutex<Depot<Arc<SnapshotNode>>> = Depot::new();
 
 /// One thread's spares (`[T]`: a thread-local, this thread only).
 struct Spares {
@@ -42,6 +79,30 @@ struct Spares {
     vmas: Vec<Arc<Vma>>,
     /// Nodes that nobody else holds, empty.
     nodes: Vec<Arc<SnapshotNode>>,
+}
+
+impl Drop for Spares {
+    /// A thread that ends leaves its spares to the depot (a vCPU thread
+    /// that detaches, a bench round's workers): the next threads take them
+    /// instead of allocating their own again.
+    fn drop(&mut self) {
+        fn leave<T>(list: &mut Vec<T>, depot: &Mutex<Depot<T>>) {
+            let list = std::mem::take(list);
+            if !uses_depot() {
+                return;
+            }
+            let mut d = rank::lock(depot, Rank::Leaf);
+            let to = if list.is_empty() { &mut d.empty } else { &mut d.full };
+            if to.len() < DEPOT_MAGAZINES {
+                to.push(list);
+                return;
+            }
+            drop(d);
+            drop(list);
+        }
+        leave(&mut self.vmas, &VMAS);
+        leave(&mut self.nodes, &NODES);
+    }
 }
 
 thread_local! {
@@ -54,9 +115,43 @@ fn with<R>(f: impl FnOnce(&mut Spares) -> R) -> Option<R> {
     SPARES.try_with(|s| f(&mut s.borrow_mut())).ok()
 }
 
+#[cfg(all(test, not(loom)))]
+thread_local! {
+    /// Tests that count a thread's spares keep it off the depots, which
+    /// the threads of other tests fill and empty meanwhile.
+    static NO_DEPOT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether this thread uses the depots.
+fn uses_depot() -> bool {
+    #[cfg(all(test, not(loom)))]
+    if NO_DEPOT.with(|n| n.get()) {
+        return false;
+    }
+    true
+}
+
+/// A spare from the list of this thread's that `list` picks, refilled
+/// from `depot` if it is empty.
+fn take<T>(list: impl FnOnce(&mut Spares) -> &mut Vec<T>, depot: &Mutex<Depot<T>>) -> Option<T> {
+    with(|s| {
+        let l = list(s);
+        if l.is_empty() && uses_depot() {
+            let mut d = rank::lock(depot, Rank::Leaf);
+            let full = d.full.pop()?;
+            let empty = std::mem::replace(l, full);
+            if d.empty.len() < DEPOT_MAGAZINES {
+                d.empty.push(empty);
+            }
+        }
+        l.pop()
+    })
+    .flatten()
+}
+
 /// A record holding `v`: a spare's allocation if this thread has one.
 pub(crate) fn vma(v: Vma) -> Arc<Vma> {
-    match with(|s| s.vmas.pop()).flatten() {
+    match take(|s| &mut s.vmas, &VMAS) {
         Some(mut spare) => match Arc::get_mut(&mut spare) {
             Some(slot) => {
                 *slot = v;
@@ -76,22 +171,30 @@ pub(crate) fn release_vma(mut v: Arc<Vma>) {
     // Released outside the borrow of the spares: an object's end may
     // release other things.
     let object = record.object.take();
-    keep(v, |s| &mut s.vmas);
+    keep(v, |s| &mut s.vmas, &VMAS);
     drop(object);
 }
 
-/// Keep `item` in the list of this thread's spares that `list` picks, if
-/// it has room; else (or while the thread is ending) drop it, outside the
-/// borrow.
-fn keep<T>(item: T, list: impl FnOnce(&mut Spares) -> &mut Vec<T>) {
+/// Keep `item` in the list of this thread's spares that `list` picks; a
+/// full list goes to `depot` for an empty one first. If the depot is full
+/// too (or while the thread is ending), drop it, outside the borrow.
+fn keep<T>(item: T, list: impl FnOnce(&mut Spares) -> &mut Vec<T>, depot: &Mutex<Depot<T>>) {
     let extra = with(|s| {
         let l = list(s);
-        if l.len() < KEEP {
-            l.push(item);
-            None
-        } else {
-            Some(item)
+        if l.len() >= KEEP {
+            if !uses_depot() {
+                return Some(item);
+            }
+            let mut d = rank::lock(depot, Rank::Leaf);
+            if d.full.len() >= DEPOT_MAGAZINES {
+                return Some(item);
+            }
+            // Once per magazine ever made (they circulate after).
+            let empty = d.empty.pop().unwrap_or_else(|| Vec::with_capacity(KEEP));
+            d.full.push(std::mem::replace(l, empty));
         }
+        l.push(item);
+        None
     });
     drop(extra);
 }
@@ -104,11 +207,11 @@ pub(crate) fn release_snapshot(s: Snapshot) {
 
 impl Recycle for Arc<Vma> {
     fn spare_node() -> Option<Arc<SnapshotNode>> {
-        with(|s| s.nodes.pop()).flatten()
+        take(|s| &mut s.nodes, &NODES)
     }
 
     fn keep_node(node: Arc<SnapshotNode>) {
-        keep(node, |s| &mut s.nodes);
+        keep(node, |s| &mut s.nodes, &NODES);
     }
 }
 
@@ -134,6 +237,7 @@ mod tests {
     fn a_released_record_is_reused_and_a_held_one_is_not() {
         // A fresh thread: no spares yet.
         std::thread::spawn(|| {
+            NO_DEPOT.with(|n| n.set(true));
             let a = record(1, 2);
             let held = a.clone();
             release_vma(a);
@@ -153,6 +257,7 @@ mod tests {
     #[test]
     fn a_dropped_version_gives_its_unshared_nodes_and_records_back() {
         std::thread::spawn(|| {
+            NO_DEPOT.with(|n| n.set(true));
             let mut t = VmaTree::recorded(None);
             for i in 0..8 {
                 t.insert(record(i * 2, i * 2 + 1));
@@ -178,6 +283,37 @@ mod tests {
             assert!(counts().1 < nodes);
             let now = release_and_count(t);
             assert_eq!(now, 8);
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn a_full_list_goes_to_the_depot_and_a_thread_with_none_takes_it() {
+        static DEPOT: Mutex<Depot<Arc<Vma>>> = Depot::new();
+        let made: Vec<usize> = std::thread::spawn(|| {
+            let records: Vec<Arc<Vma>> = (0..KEEP as u64 + 1).map(|i| record(i, i + 1)).collect();
+            let ptrs = records.iter().map(|r| Arc::as_ptr(r) as usize).collect();
+            for r in records {
+                keep(r, |s| &mut s.vmas, &DEPOT);
+            }
+            assert_eq!(counts().0, 1, "the full list went to the depot, the last record stays");
+            ptrs
+        })
+        .join()
+        .unwrap();
+        {
+            let d = DEPOT.lock().unwrap();
+            assert_eq!(d.full.len(), 1);
+            assert_eq!(d.full[0].len(), KEEP);
+        }
+        std::thread::spawn(move || {
+            let r = take(|s| &mut s.vmas, &DEPOT).expect("a record from the depot");
+            assert!(made.contains(&(Arc::as_ptr(&r) as usize)), "one of the first thread's");
+            assert_eq!(counts().0, KEEP - 1);
+            let d = DEPOT.lock().unwrap();
+            assert!(d.full.is_empty());
+            assert_eq!(d.empty.len(), 1, "the thread's own empty list went back");
         })
         .join()
         .unwrap();

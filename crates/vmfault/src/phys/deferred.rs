@@ -56,7 +56,8 @@
 //! frames or `WAKE_DROPS` values), besides the grace-period state of
 //! `sync::rcu` that their polls write.
 
-use std::sync::Mutex;
+use std::any::Any;
+use std::sync::{Arc, Mutex};
 
 use super::Pfn;
 use crate::sync::CachePadded;
@@ -65,8 +66,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A value whose drop waits for a grace period (see the module docs).
 /// (`Any`: its owner takes back what it knows, such as its own retired
-/// snapshots, whose nodes it reuses.)
-pub(crate) type LateDrop = Retired<Box<dyn std::any::Any + Send>>;
+/// snapshots, whose nodes it reuses. An `Arc`, which a snapshot is
+/// already: it becomes one of these with no allocation.)
+pub(crate) type LateDrop = Retired<Arc<dyn Any + Send + Sync>>;
+
+/// Values aged on a list, taken off it at once to be dropped outside its
+/// lock, in this thread's buffer for them (queueing and dropping allocate
+/// nothing in steady state).
+pub(crate) type AgedDrops = crate::sync::scratch::Scratch<Arc<dyn Any + Send + Sync>>;
+
+thread_local! {
+    /// `[T]` the buffer of [`AgedDrops`].
+    static AGED: std::cell::Cell<Vec<Arc<dyn Any + Send + Sync>>> = const { std::cell::Cell::new(Vec::new()) };
+}
 
 /// Frames a list holds before a free wakes the grace-period thread.
 pub(crate) const WAKE_FRAMES: u64 = 256;
@@ -175,8 +187,9 @@ impl Deferred {
     /// Queue `items` (retired by their owner) on list `i`, to be dropped
     /// once their grace period has passed (which the grace-period thread
     /// runs) by the owner or by an allocation that finds nothing.
-    pub(crate) fn push_drops(&self, i: usize, items: Vec<LateDrop>) {
-        if items.is_empty() {
+    pub(crate) fn push_drops(&self, i: usize, items: impl IntoIterator<Item = LateDrop>) {
+        let mut items = items.into_iter().peekable();
+        if items.peek().is_none() {
             return;
         }
         let l = &self.lists[i];
@@ -223,13 +236,7 @@ impl Deferred {
     /// puts them in its own cache: `aspace::Space::finish`). They count
     /// as being dropped until it returns, so an allocation that finds
     /// nothing waits for them (see `dropping`).
-    pub(crate) fn drop_aged_of_with(
-        &self,
-        i: usize,
-        rcu: &Rcu,
-        all: bool,
-        drop_them: impl FnOnce(Vec<Box<dyn std::any::Any + Send>>),
-    ) -> u64 {
+    pub(crate) fn drop_aged_of_with(&self, i: usize, rcu: &Rcu, all: bool, drop_them: impl FnOnce(AgedDrops)) -> u64 {
         let l = &self.lists[i];
         if l.late.load(Ordering::Relaxed) == 0 {
             return 0;
@@ -242,7 +249,8 @@ impl Deferred {
         }
         let (aged, _dropping) = {
             let mut q = crate::sync::rank::lock(&l.drops, crate::sync::rank::Rank::Leaf);
-            let aged = rcu.reclaim(&mut q, false);
+            let mut aged = AgedDrops::take(&AGED);
+            rcu.reclaim_each(&mut q, false, |v| aged.push(v));
             let k = aged.len() as u64;
             // Being dropped before they leave the queue's count (as frames
             // go in transit): none is ever counted nowhere.

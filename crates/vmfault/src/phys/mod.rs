@@ -1214,7 +1214,12 @@ mod tests {
         let d = phys.deferred.as_ref().unwrap();
         let inside = rcu.read_lock(&readers[1]);
         d.push(0, rcu.cookie(), pfns);
-        d.push_drops(0, vec![rcu.retire(Box::new(Counted(dropped.clone())) as Box<dyn std::any::Any + Send>)]);
+        d.push_drops(
+            0,
+            [rcu.retire(
+                std::sync::Arc::new(Counted(dropped.clone())) as std::sync::Arc<dyn std::any::Any + Send + Sync>
+            )],
+        );
         drop(inside);
         rcu.synchronize();
         let mut last = vec![IdleMark::default(); 3];

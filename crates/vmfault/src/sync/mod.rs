@@ -25,6 +25,8 @@
 //! - [`publish_if_empty`]: how a collapse moves a page up a shadow chain.
 //! - [`write_back_ordered`]: the order of the steps of a shared file
 //!   page's write-back.
+//! - `scratch`: a thread's reusable buffer, for batches gathered under a
+//!   lock and dropped outside it.
 //!
 //! Under `--cfg loom` the atomics, fences and spin hints are loom's: every
 //! protocol word of these primitives goes through [`atomic`]. What stays
@@ -42,6 +44,7 @@ pub mod percpu;
 pub(crate) mod rank;
 pub mod rcu;
 pub mod refcount;
+pub(crate) mod scratch;
 pub mod spin;
 pub mod vma_state;
 

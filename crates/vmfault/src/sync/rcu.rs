@@ -163,6 +163,15 @@ pub struct Retired<T> {
     rcu: usize,
 }
 
+impl<T> Retired<Option<T>> {
+    /// The item, if there is one, retired at the same time (`None` holds
+    /// nothing to wait for).
+    pub fn transpose(self) -> Option<Retired<T>> {
+        let Retired { item, cookie, rcu } = self;
+        ManuallyDrop::into_inner(item).map(|item| Retired { item: ManuallyDrop::new(item), cookie, rcu })
+    }
+}
+
 impl<T> Retired<T> {
     /// When it was unlinked.
     pub fn cookie(&self) -> GpCookie {
