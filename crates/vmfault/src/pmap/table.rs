@@ -43,7 +43,7 @@ pub(crate) struct Pmap {
     /// CAS from empty (interior levels).
     radix: Radix,
     /// `[S]` the table's counts, per region slot (see [`Region`]).
-    regions: Box<[CachePadded<Region>]>,
+    regions: [CachePadded<Region>; REGION_SLOTS],
     /// `[a]` whether any second MMU is attached (written under `seconds`;
     /// read by every change, which looks at `seconds` only if set).
     has_second: AtomicBool,
@@ -104,6 +104,8 @@ pub(crate) trait SecondMmu: Send + Sync + std::fmt::Debug {
 pub(crate) struct Missed<'p> {
     leaf: Option<Leaf<'p>>,
     prunes: Stamp,
+    /// The region slot whose count `prunes` is.
+    region: usize,
 }
 
 /// A vCPU's last walk in one page table: the level-0 node that holds the
@@ -142,6 +144,12 @@ impl LeafHint {
     }
 }
 
+/// The region slot of `addr`.
+#[inline]
+fn region_slot(addr: u64) -> usize {
+    (addr >> REGION_SHIFT) as usize % REGION_SLOTS
+}
+
 #[inline]
 fn vpn(addr: u64) -> u64 {
     addr >> PAGE_SHIFT
@@ -152,9 +160,9 @@ impl Pmap {
     pub(crate) fn new(frames: &Frames<'_>) -> Result<Pmap, OutOfFrames> {
         Ok(Pmap {
             radix: Radix::table(frames)?,
-            regions: (0..REGION_SLOTS)
-                .map(|_| CachePadded(Region { tables: AtomicU64::new(0), prunes: Generation::new() }))
-                .collect(),
+            regions: std::array::from_fn(|_| {
+                CachePadded(Region { tables: AtomicU64::new(0), prunes: Generation::new() })
+            }),
             has_second: AtomicBool::new(false),
             seconds: Mutex::new(Vec::new()),
         })
@@ -213,7 +221,7 @@ impl Pmap {
     /// The counts of the region of `addr`.
     #[inline]
     fn region(&self, addr: u64) -> &Region {
-        &self.regions[(addr >> REGION_SHIFT) as usize % REGION_SLOTS]
+        &self.regions[region_slot(addr)]
     }
 
     /// The frame behind `addr` if its PTE lets `access` through: the TLB
@@ -241,7 +249,8 @@ impl Pmap {
         access: Access,
         hint: &LeafHint,
     ) -> Result<Pfn, Missed<'p>> {
-        let prunes = self.region(addr).prunes.stamp();
+        let region = region_slot(addr);
+        let prunes = self.regions[region].prunes.stamp();
         let (v, block) = (vpn(addr), vpn(addr) >> 9);
         let leaf = match hint.get(block, prunes) {
             Some(node) => Some(Leaf::new(&phys.words(node)[(v % WORDS as u64) as usize], node)),
@@ -260,7 +269,7 @@ impl Pmap {
                 return Ok(pte.pfn());
             }
         }
-        Err(Missed { leaf, prunes })
+        Err(Missed { leaf, prunes, region })
     }
 
     /// The PTE slot for `addr`, if its page-table levels exist (same caller
@@ -283,7 +292,7 @@ impl Pmap {
     #[inline]
     pub(crate) fn pte_after<'p>(&self, phys: &'p PhysMem, addr: u64, missed: Option<Missed<'p>>) -> Option<Leaf<'p>> {
         match missed {
-            Some(m) if self.region(addr).prunes.unchanged(m.prunes) => m.leaf,
+            Some(m) if self.regions[m.region].prunes.unchanged(m.prunes) => m.leaf,
             _ => self.pte(phys, addr),
         }
     }
