@@ -318,10 +318,11 @@ impl crate::object::MapWriteHeld for MapWrite<'_> {}
 /// What a change tore down, gathered under the map lock and finished
 /// after it (`Space::finish`): Linux's `mmu_gather`. The lower layers push
 /// onto `frames` (an object's pages, a pruned table's pages).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Gather {
-    /// Frames unlinked everywhere, freed after the grace period.
-    pub(crate) frames: Vec<Pfn>,
+    /// Frames unlinked everywhere, freed after the grace period (in this
+    /// thread's buffer for them: a change allocates nothing to list them).
+    pub(crate) frames: crate::sync::scratch::Scratch<Pfn>,
     /// PTEs cleared or narrowed: a shootdown is owed.
     pub(crate) ptes: u64,
     /// Of those, PTEs of shared mappings cleared: their pages live on
@@ -331,6 +332,17 @@ pub(crate) struct Gather {
     /// The zones (`SpaceCpu::snap_zones` bits) of the removed VMAs that
     /// held objects, which the old snapshots keep alive (0: none).
     pub(crate) gone: u64,
+}
+
+thread_local! {
+    /// `[T]` the buffer of [`Gather::frames`].
+    static GATHERED: std::cell::Cell<Vec<Pfn>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+impl Default for Gather {
+    fn default() -> Gather {
+        Gather { frames: crate::sync::scratch::Scratch::take(&GATHERED), ptes: 0, shared: 0, gone: 0 }
+    }
 }
 
 impl Gather {

@@ -66,6 +66,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use crate::phys::{Frames, Kind, OwnedFrame, PageQueues, Pfn, Queue};
 use crate::pmap::{OutOfFrames, Radix};
 use crate::sync::rcu::RcuBox;
+use crate::sync::scratch::Scratch;
 
 /// Proof that the caller holds the map lock of the space that maps an
 /// object, for writing: object operations whose precondition is that lock
@@ -504,8 +505,9 @@ impl Drop for Object {
         if let Some(b) = self.backing.get_mut().take() {
             b.shadows.fetch_sub(1, Ordering::Relaxed);
         }
-        let mut frames = Vec::new();
-        let mut leaves = Vec::new();
+        // In this thread's buffers: an object's end allocates nothing.
+        let mut frames = Scratch::take(&END_FRAMES);
+        let mut leaves = Scratch::take(&END_LEAVES);
         if self.file.is_some() {
             self.index.teardown(&self.env.phys, &mut frames, Some(&mut leaves));
         } else {
@@ -513,7 +515,7 @@ impl Drop for Object {
             // its nodes are freed cleared, and not zeroed again.
             self.index.teardown_cleared(&self.env.phys, &mut frames, &mut leaves);
         }
-        for e in leaves.into_iter().map(Entry) {
+        for e in leaves.drain(..).map(Entry) {
             if let Some(pfn) = e.pfn() {
                 self.release(pfn, &mut frames);
             }
@@ -538,7 +540,12 @@ impl Drop for Object {
 thread_local! {
     /// Where the objects dropped inside [`dropping_aged`] leave their
     /// frames (`None` outside it).
-    static AGED_SINK: std::cell::RefCell<Option<Vec<Pfn>>> = const { std::cell::RefCell::new(None) };
+    static AGED_SINK: std::cell::RefCell<Option<Scratch<Pfn>>> = const { std::cell::RefCell::new(None) };
+    /// `[T]` the buffer of [`dropping_aged`]'s frames.
+    static AGED_FRAMES: std::cell::Cell<Vec<Pfn>> = const { std::cell::Cell::new(Vec::new()) };
+    /// `[T]` the buffers of an object's end: its frames and index entries.
+    static END_FRAMES: std::cell::Cell<Vec<Pfn>> = const { std::cell::Cell::new(Vec::new()) };
+    static END_LEAVES: std::cell::Cell<Vec<u64>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// Run `drop_them` (which drops values that may hold the last references
@@ -555,8 +562,8 @@ thread_local! {
 /// (`Space::drop_removed`). So the frames may be freed at once (the
 /// caller frees them through its vCPU's cache: no global lock, and no
 /// second wait after the snapshots' own).
-pub(crate) fn dropping_aged(drop_them: impl FnOnce()) -> Vec<Pfn> {
-    struct Restore(Option<Vec<Pfn>>);
+pub(crate) fn dropping_aged(drop_them: impl FnOnce()) -> Scratch<Pfn> {
+    struct Restore(Option<Scratch<Pfn>>);
     impl Drop for Restore {
         fn drop(&mut self) {
             // A nested call (an object's end dropping snapshots) keeps the
@@ -564,14 +571,14 @@ pub(crate) fn dropping_aged(drop_them: impl FnOnce()) -> Vec<Pfn> {
             let _ = AGED_SINK.try_with(|s| *s.borrow_mut() = self.0.take());
         }
     }
-    let Ok(outer) = AGED_SINK.try_with(|s| s.borrow_mut().replace(Vec::new())) else {
+    let Ok(outer) = AGED_SINK.try_with(|s| s.borrow_mut().replace(Scratch::take(&AGED_FRAMES))) else {
         // The thread is ending: each object frees its own, as elsewhere.
         drop_them();
-        return Vec::new();
+        return Scratch::take(&AGED_FRAMES);
     };
     let restore = Restore(outer);
     drop_them();
-    let mine = AGED_SINK.try_with(|s| s.borrow_mut().take()).ok().flatten().unwrap_or_default();
+    let mine = AGED_SINK.try_with(|s| s.borrow_mut().take()).ok().flatten();
     drop(restore);
-    mine
+    mine.unwrap_or_else(|| Scratch::take(&AGED_FRAMES))
 }

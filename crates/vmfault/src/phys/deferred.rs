@@ -96,10 +96,22 @@ struct Batch {
     frames: Vec<Pfn>,
 }
 
+/// A list's batches, and the emptied lists of frames of batches taken
+/// back, which new batches reuse (queueing allocates nothing in steady
+/// state).
+#[derive(Default)]
+struct Batches {
+    list: Vec<Batch>,
+    spare: Vec<Vec<Pfn>>,
+}
+
+/// Emptied frame lists a deferred list keeps for its next batches.
+const SPARE_BATCHES: usize = 4;
+
 #[derive(Default)]
 struct List {
     /// `[L]` the batches, oldest first (a leaf lock: nothing is taken inside).
-    batches: Mutex<Vec<Batch>>,
+    batches: Mutex<Batches>,
     /// `[a]` frames in them (written under the mutex, read lockless).
     frames: AtomicU64,
     /// `[L]` values to drop after their grace period (a leaf lock).
@@ -156,7 +168,7 @@ impl Deferred {
     /// Queue `frames`, unlinked everywhere before `cookie` was taken
     /// (`Rcu::cookie`, after the unlink), on list `i`, and wake the
     /// grace-period thread.
-    pub(crate) fn push(&self, i: usize, cookie: GpCookie, frames: Vec<Pfn>) {
+    pub(crate) fn push(&self, i: usize, cookie: GpCookie, frames: &[Pfn]) {
         if frames.is_empty() {
             return;
         }
@@ -165,11 +177,16 @@ impl Deferred {
             let mut b = crate::sync::rank::lock(&l.batches, crate::sync::rank::Rank::Leaf);
             let held = l.frames.load(Ordering::Relaxed) + frames.len() as u64;
             l.frames.store(held, Ordering::Relaxed);
-            match b.last_mut() {
+            let b = &mut *b;
+            match b.list.last_mut() {
                 // No grace period has started since the last batch: one
-                // batch (and one allocation fewer).
-                Some(last) if last.cookie == cookie => last.frames.extend(frames),
-                _ => b.push(Batch { cookie, frames }),
+                // batch.
+                Some(last) if last.cookie == cookie => last.frames.extend_from_slice(frames),
+                _ => {
+                    let mut list = b.spare.pop().unwrap_or_default();
+                    list.extend_from_slice(frames);
+                    b.list.push(Batch { cookie, frames: list });
+                }
             }
             held
         };
@@ -306,17 +323,21 @@ impl Deferred {
             return InTransit { placements: &l.placements, count: &l.transit, n: 0 };
         }
         let mut b = crate::sync::rank::lock(&l.batches, crate::sync::rank::Rank::Leaf);
+        let b = &mut *b;
         // Move the polled grace period on (never waits; a try-lock under
         // this leaf): the one the free that queued the newest batch
         // started usually completes here, long after the sections it saw.
-        if let Some(newest) = b.last() {
+        if let Some(newest) = b.list.last() {
             rcu.poll(newest.cookie);
         }
         // Oldest first: the first batch that has not aged ends the run.
-        let aged = b.iter().take_while(|x| rcu.elapsed(x.cookie)).count();
+        let aged = b.list.iter().take_while(|x| rcu.elapsed(x.cookie)).count();
         let before = out.len();
-        for x in b.drain(..aged) {
-            out.extend(x.frames);
+        for mut x in b.list.drain(..aged) {
+            out.append(&mut x.frames);
+            if b.spare.len() < SPARE_BATCHES {
+                b.spare.push(x.frames);
+            }
         }
         let n = (out.len() - before) as u64;
         if n > 0 {
@@ -402,15 +423,15 @@ mod tests {
         // A reader inside a section keeps the polled grace period of
         // `take_aged` from completing.
         let section = rcu.read_lock(&readers[0]);
-        d.push(0, rcu.cookie(), vec![Pfn(1), Pfn(2)]);
+        d.push(0, rcu.cookie(), &[Pfn(1), Pfn(2)]);
         let mut out = Vec::new();
         drop(d.take_aged(0, &rcu, &mut out));
         assert!(out.is_empty(), "no grace period yet");
         assert_eq!(d.frames(), 2);
         drop(section);
         let section = rcu.read_lock(&readers[0]);
-        d.push(0, rcu.cookie(), vec![Pfn(3)]);
-        d.push(d.unowned(), rcu.cookie(), vec![Pfn(4)]);
+        d.push(0, rcu.cookie(), &[Pfn(3)]);
+        d.push(d.unowned(), rcu.cookie(), &[Pfn(4)]);
         // The poll sees the first section ended: a grace period that ages
         // the first batch; the second waits for the section now running.
         let moving = d.take_aged(0, &rcu, &mut out);

@@ -366,7 +366,7 @@ impl PhysMem {
                 if rcu.quiescent() || rcu.poll(cookie) {
                     self.give_aged(frames);
                 } else {
-                    d.push(d.unowned(), cookie, frames.to_vec());
+                    d.push(d.unowned(), cookie, frames);
                 }
             }
             None => self.free_after_grace(rcu, frames),
@@ -1185,7 +1185,7 @@ mod tests {
         let pfns: Vec<Pfn> = (0..3).map(|_| phys.publish(frames.alloc().unwrap(), Kind::Data)).collect();
         // Freed by vCPU 0 while vCPU 1 is inside a section: onto list 0.
         let inside = rcu.read_lock(&readers[1]);
-        phys.deferred.as_ref().unwrap().push(0, rcu.cookie(), pfns.clone());
+        phys.deferred.as_ref().unwrap().push(0, rcu.cookie(), &pfns);
         let mut last = vec![IdleMark::default(); 3];
         phys.flush_idle_deferred(&rcu, &mut last);
         assert_eq!(phys.deferred_frames(), 3, "first tick: the list just changed");
@@ -1213,7 +1213,7 @@ mod tests {
         let dropped = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let d = phys.deferred.as_ref().unwrap();
         let inside = rcu.read_lock(&readers[1]);
-        d.push(0, rcu.cookie(), pfns);
+        d.push(0, rcu.cookie(), &pfns);
         d.push_drops(
             0,
             [rcu.retire(
@@ -1244,7 +1244,7 @@ mod tests {
         phys.set_deferred(2);
         let frames = Frames::global(&phys);
         let pfns: Vec<Pfn> = (0..3).map(|_| phys.publish(frames.alloc().unwrap(), Kind::Data)).collect();
-        phys.deferred.as_ref().unwrap().push(0, rcu.cookie(), pfns);
+        phys.deferred.as_ref().unwrap().push(0, rcu.cookie(), &pfns);
         rcu.synchronize();
         let mut last = vec![IdleMark::default(); 3];
         phys.flush_idle_deferred(&rcu, &mut last);

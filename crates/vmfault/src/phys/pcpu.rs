@@ -390,7 +390,7 @@ impl<'a> Frames<'a> {
             drop(moving);
             // (`take_back` polled too, and may have completed it.)
             if !aged && !cpu.rcu.elapsed(cookie) {
-                d.push(cpu.reader.index(), cookie, frames.to_vec());
+                d.push(cpu.reader.index(), cookie, frames);
                 return;
             }
         } else if !aged {
@@ -422,7 +422,7 @@ impl<'a> Frames<'a> {
     /// magazine's length (a drain reads it).
     fn take_back<'d>(&self, m: &mut Magazine<u32>, d: &'d super::deferred::Deferred) -> super::deferred::InTransit<'d> {
         let cpu = self.cpu.as_ref().expect("a vCPU's own deferred list");
-        let mut aged = Vec::new();
+        let mut aged = crate::sync::scratch::Scratch::take(&TAKEN_BACK);
         let moving = d.take_aged(cpu.reader.index(), cpu.rcu, &mut aged);
         if !aged.is_empty() {
             self.stash(m, &aged);
@@ -459,6 +459,11 @@ impl<'a> Frames<'a> {
         }));
         freed.count(|c, n| self.count(c, n));
     }
+}
+
+thread_local! {
+    /// `[T]` the buffer of the aged deferred frames a vCPU takes back.
+    static TAKEN_BACK: std::cell::Cell<Vec<Pfn>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// Bits of a `cached_at` stamp that count the vCPU's frame allocations;

@@ -27,6 +27,12 @@ impl<T: 'static> Scratch<T> {
     }
 }
 
+impl<T: std::fmt::Debug> std::fmt::Debug for Scratch<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.items.fmt(f)
+    }
+}
+
 impl<T> std::ops::Deref for Scratch<T> {
     type Target = Vec<T>;
     fn deref(&self) -> &Vec<T> {
