@@ -175,9 +175,7 @@ impl Space {
         drop(heap_held);
         // Nobody else reaches the child yet.
         *rank::lock(&child.s.heap, Rank::Heap) = heap;
-        let mut g = Gather::default();
-        g.frames.extend(frames);
-        self.finish(ctx, g);
+        self.finish(ctx, Gather { frames, ..Gather::default() });
         Absorbed::release(absorbed, &m.rcu);
         drop(replaced);
         Ok(())

@@ -318,11 +318,10 @@ impl crate::object::MapWriteHeld for MapWrite<'_> {}
 /// What a change tore down, gathered under the map lock and finished
 /// after it (`Space::finish`): Linux's `mmu_gather`. The lower layers push
 /// onto `frames` (an object's pages, a pruned table's pages).
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct Gather {
-    /// Frames unlinked everywhere, freed after the grace period (in this
-    /// thread's buffer for them: a change allocates nothing to list them).
-    pub(crate) frames: crate::sync::scratch::Scratch<Pfn>,
+    /// Frames unlinked everywhere, freed after the grace period.
+    pub(crate) frames: Vec<Pfn>,
     /// PTEs cleared or narrowed: a shootdown is owed.
     pub(crate) ptes: u64,
     /// Of those, PTEs of shared mappings cleared: their pages live on
@@ -332,17 +331,6 @@ pub(crate) struct Gather {
     /// The zones (`SpaceCpu::snap_zones` bits) of the removed VMAs that
     /// held objects, which the old snapshots keep alive (0: none).
     pub(crate) gone: u64,
-}
-
-thread_local! {
-    /// `[T]` the buffer of [`Gather::frames`].
-    static GATHERED: std::cell::Cell<Vec<Pfn>> = const { std::cell::Cell::new(Vec::new()) };
-}
-
-impl Default for Gather {
-    fn default() -> Gather {
-        Gather { frames: crate::sync::scratch::Scratch::take(&GATHERED), ptes: 0, shared: 0, gone: 0 }
-    }
 }
 
 impl Gather {
@@ -856,6 +844,7 @@ fn aged(ctx: &Ctx<'_>, drop_them: impl FnOnce()) {
     let _dropping = d.map(|d| d.dropping_here(ctx.index.min(d.unowned())));
     let freed = crate::object::dropping_aged(drop_them);
     ctx.frames().free_aged(&freed);
+    crate::object::recycle_aged(freed);
 }
 
 /// A PTE of space `id` at `addr` that mapped `old` was cleared: drop its

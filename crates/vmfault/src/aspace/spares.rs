@@ -133,17 +133,30 @@ fn uses_depot() -> bool {
 
 /// A spare from the list of this thread's that `list` picks, refilled
 /// from `depot` if it is empty.
-fn take<T>(list: impl FnOnce(&mut Spares) -> &mut Vec<T>, depot: &Mutex<Depot<T>>) -> Option<T> {
+#[inline]
+fn take<T>(list: impl Fn(&mut Spares) -> &mut Vec<T>, depot: &Mutex<Depot<T>>) -> Option<T> {
+    match with(|s| list(s).pop()) {
+        Some(None) => refill(list, depot),
+        got => got.flatten(),
+    }
+}
+
+/// [`take`] from an empty list: a full magazine from the depot for it.
+#[cold]
+#[inline(never)]
+fn refill<T>(list: impl Fn(&mut Spares) -> &mut Vec<T>, depot: &Mutex<Depot<T>>) -> Option<T> {
+    if !uses_depot() {
+        return None;
+    }
     with(|s| {
         let l = list(s);
-        if l.is_empty() && uses_depot() {
-            let mut d = rank::lock(depot, Rank::Leaf);
-            let full = d.full.pop()?;
-            let empty = std::mem::replace(l, full);
-            if d.empty.len() < DEPOT_MAGAZINES {
-                d.empty.push(empty);
-            }
+        let mut d = rank::lock(depot, Rank::Leaf);
+        let full = d.full.pop()?;
+        let empty = std::mem::replace(l, full);
+        if d.empty.len() < DEPOT_MAGAZINES {
+            d.empty.push(empty);
         }
+        drop(d);
         l.pop()
     })
     .flatten()
@@ -178,21 +191,39 @@ pub(crate) fn release_vma(mut v: Arc<Vma>) {
 /// Keep `item` in the list of this thread's spares that `list` picks; a
 /// full list goes to `depot` for an empty one first. If the depot is full
 /// too (or while the thread is ending), drop it, outside the borrow.
-fn keep<T>(item: T, list: impl FnOnce(&mut Spares) -> &mut Vec<T>, depot: &Mutex<Depot<T>>) {
+#[inline]
+fn keep<T>(item: T, list: impl Fn(&mut Spares) -> &mut Vec<T>, depot: &Mutex<Depot<T>>) {
     let extra = with(|s| {
         let l = list(s);
-        if l.len() >= KEEP {
-            if !uses_depot() {
-                return Some(item);
-            }
-            let mut d = rank::lock(depot, Rank::Leaf);
-            if d.full.len() >= DEPOT_MAGAZINES {
-                return Some(item);
-            }
-            // Once per magazine ever made (they circulate after).
-            let empty = d.empty.pop().unwrap_or_else(|| Vec::with_capacity(KEEP));
-            d.full.push(std::mem::replace(l, empty));
+        if l.len() < KEEP {
+            l.push(item);
+            None
+        } else {
+            Some(item)
         }
+    });
+    if let Some(Some(item)) = extra {
+        spill(item, list, depot);
+    }
+}
+
+/// [`keep`] into a full list: the list to the depot, an empty one back.
+#[cold]
+#[inline(never)]
+fn spill<T>(item: T, list: impl Fn(&mut Spares) -> &mut Vec<T>, depot: &Mutex<Depot<T>>) {
+    if !uses_depot() {
+        return drop(item);
+    }
+    let extra = with(|s| {
+        let l = list(s);
+        let mut d = rank::lock(depot, Rank::Leaf);
+        if d.full.len() >= DEPOT_MAGAZINES {
+            return Some(item);
+        }
+        // Once per magazine ever made (they circulate after).
+        let empty = d.empty.pop().unwrap_or_else(|| Vec::with_capacity(KEEP));
+        d.full.push(std::mem::replace(l, empty));
+        drop(d);
         l.push(item);
         None
     });

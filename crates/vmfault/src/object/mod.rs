@@ -529,7 +529,19 @@ impl Drop for Object {
         // (`try_with`: an object may end in a thread-local's destructor,
         // after this one's.)
         let sunk = AGED_SINK
-            .try_with(|s| s.borrow_mut().as_mut().map(|v| v.extend_from_slice(&frames)).is_some())
+            .try_with(|s| {
+                s.borrow_mut()
+                    .as_mut()
+                    .map(|v| {
+                        if v.capacity() == 0 {
+                            // The first end in this sink: the thread's
+                            // buffer (`recycle_aged` gives it back).
+                            *v = AGED_FRAMES.try_with(std::cell::Cell::take).unwrap_or_default();
+                        }
+                        v.extend_from_slice(&frames)
+                    })
+                    .is_some()
+            })
             .unwrap_or(false);
         if !sunk {
             self.env.phys.free_later(&self.env.rcu, &frames);
@@ -540,8 +552,9 @@ impl Drop for Object {
 thread_local! {
     /// Where the objects dropped inside [`dropping_aged`] leave their
     /// frames (`None` outside it).
-    static AGED_SINK: std::cell::RefCell<Option<Scratch<Pfn>>> = const { std::cell::RefCell::new(None) };
-    /// `[T]` the buffer of [`dropping_aged`]'s frames.
+    static AGED_SINK: std::cell::RefCell<Option<Vec<Pfn>>> = const { std::cell::RefCell::new(None) };
+    /// `[T]` the buffer a sink takes at its first object's end, back from
+    /// [`recycle_aged`] (a sink nothing ends in touches neither).
     static AGED_FRAMES: std::cell::Cell<Vec<Pfn>> = const { std::cell::Cell::new(Vec::new()) };
     /// `[T]` the buffers of an object's end: its frames and index entries.
     static END_FRAMES: std::cell::Cell<Vec<Pfn>> = const { std::cell::Cell::new(Vec::new()) };
@@ -562,8 +575,8 @@ thread_local! {
 /// (`Space::drop_removed`). So the frames may be freed at once (the
 /// caller frees them through its vCPU's cache: no global lock, and no
 /// second wait after the snapshots' own).
-pub(crate) fn dropping_aged(drop_them: impl FnOnce()) -> Scratch<Pfn> {
-    struct Restore(Option<Scratch<Pfn>>);
+pub(crate) fn dropping_aged(drop_them: impl FnOnce()) -> Vec<Pfn> {
+    struct Restore(Option<Vec<Pfn>>);
     impl Drop for Restore {
         fn drop(&mut self) {
             // A nested call (an object's end dropping snapshots) keeps the
@@ -571,14 +584,23 @@ pub(crate) fn dropping_aged(drop_them: impl FnOnce()) -> Scratch<Pfn> {
             let _ = AGED_SINK.try_with(|s| *s.borrow_mut() = self.0.take());
         }
     }
-    let Ok(outer) = AGED_SINK.try_with(|s| s.borrow_mut().replace(Scratch::take(&AGED_FRAMES))) else {
+    let Ok(outer) = AGED_SINK.try_with(|s| s.borrow_mut().replace(Vec::new())) else {
         // The thread is ending: each object frees its own, as elsewhere.
         drop_them();
-        return Scratch::take(&AGED_FRAMES);
+        return Vec::new();
     };
     let restore = Restore(outer);
     drop_them();
-    let mine = AGED_SINK.try_with(|s| s.borrow_mut().take()).ok().flatten();
+    let mine = AGED_SINK.try_with(|s| s.borrow_mut().take()).ok().flatten().unwrap_or_default();
     drop(restore);
-    mine.unwrap_or_else(|| Scratch::take(&AGED_FRAMES))
+    mine
+}
+
+/// Give back the frames [`dropping_aged`] returned, freed: their room is
+/// the next sink's.
+pub(crate) fn recycle_aged(mut frames: Vec<Pfn>) {
+    if frames.capacity() > 0 {
+        frames.clear();
+        let _ = AGED_FRAMES.try_with(|b| b.set(frames));
+    }
 }
