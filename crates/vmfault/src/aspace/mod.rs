@@ -735,8 +735,8 @@ impl Space {
             return quiet.flatten();
         }
         // Wait for a grace period, without the lock (writers push to it
-        // while holding the map lock).
-        let mut done = AgedSnapshots::take(&AGED);
+        // while holding the map lock). (`done` is the empty buffer taken
+        // above.)
         rcu.reclaim_each(&mut list, true, |s| done.push(s));
         if !list.is_empty() {
             let mut retired = rank::lock(mine, Rank::Leaf);
