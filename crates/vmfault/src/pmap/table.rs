@@ -426,6 +426,50 @@ mod tests {
     use crate::sync::rcu::Rcu;
 
     #[test]
+    fn a_prune_counts_and_bumps_only_the_regions_it_detached_from() {
+        let (rcu, _r) = Rcu::new(1);
+        let phys = PhysMem::new(
+            64,
+            false,
+            &rcu,
+            crate::phys::PcpConfig { capacity: 0, fill: 0, drain: 0, max: 0 },
+            false,
+            false,
+        )
+        .unwrap();
+        let frames = Frames::global(&phys);
+        let mut pmap = Pmap::new(&frames).unwrap();
+        let region = 1u64 << REGION_SHIFT;
+        // A page at the end of region 2 and one at the start of region 3
+        // (slots 2 and 3), and one in region 18, which shares slot 2.
+        let (a, b, far) = (3 * region - 4096, 3 * region, 18 * region);
+        for addr in [a, b, far] {
+            pmap.pte_alloc(&frames, addr).unwrap();
+        }
+        assert_eq!(pmap.tables(), 1 + 3 * 3, "the root and three levels under it for each");
+        let stamp = |addr| pmap.regions[region_slot(addr)].prunes.stamp();
+        let (sa, sb, s0) = (stamp(a), stamp(b), stamp(0));
+        // One prune across the edge of regions 2 and 3: each region's own
+        // tables, counted and bumped in its own slot.
+        let mut out = Vec::new();
+        pmap.prune(&phys, a, b + 4096, 2 * region, 4 * region, &mut out);
+        assert_eq!(out.len(), 6);
+        assert_eq!(pmap.tables(), 1 + 3, "region 18's stay");
+        assert!(!pmap.regions[region_slot(a)].prunes.unchanged(sa));
+        assert!(!pmap.regions[region_slot(b)].prunes.unchanged(sb));
+        assert!(pmap.regions[region_slot(0)].prunes.unchanged(s0), "a region the prune did not touch");
+        assert!(pmap.pte(&phys, far).is_some() && pmap.pte(&phys, a).is_none() && pmap.pte(&phys, b).is_none());
+        // A range beyond the table's reach prunes nothing and ends.
+        pmap.prune(&phys, 1 << 48, u64::MAX, 0, u64::MAX, &mut out);
+        assert_eq!(out.len(), 6);
+        phys.free_after_grace(&rcu, &out);
+        let mut rest = Vec::new();
+        pmap.teardown(&phys, &mut rest);
+        assert_eq!(rest.len(), 4);
+        phys.free_after_grace(&rcu, &rest);
+    }
+
+    #[test]
     fn install_translate_protect_zap_prune() {
         let (rcu, _r) = Rcu::new(1);
         let phys = PhysMem::new(
