@@ -425,18 +425,16 @@ mod tests {
     use crate::phys::Kind;
     use crate::sync::rcu::Rcu;
 
+    /// 64 frames, no per-CPU caches.
+    fn small_phys(rcu: &Rcu) -> PhysMem {
+        let no_pcp = crate::phys::PcpConfig { capacity: 0, fill: 0, drain: 0, max: 0 };
+        PhysMem::new(64, false, rcu, no_pcp, false, false).unwrap()
+    }
+
     #[test]
     fn a_prune_counts_and_bumps_only_the_regions_it_detached_from() {
         let (rcu, _r) = Rcu::new(1);
-        let phys = PhysMem::new(
-            64,
-            false,
-            &rcu,
-            crate::phys::PcpConfig { capacity: 0, fill: 0, drain: 0, max: 0 },
-            false,
-            false,
-        )
-        .unwrap();
+        let phys = small_phys(&rcu);
         let frames = Frames::global(&phys);
         let mut pmap = Pmap::new(&frames).unwrap();
         let region = 1u64 << REGION_SHIFT;
@@ -472,15 +470,7 @@ mod tests {
     #[test]
     fn install_translate_protect_zap_prune() {
         let (rcu, _r) = Rcu::new(1);
-        let phys = PhysMem::new(
-            64,
-            false,
-            &rcu,
-            crate::phys::PcpConfig { capacity: 0, fill: 0, drain: 0, max: 0 },
-            false,
-            false,
-        )
-        .unwrap();
+        let phys = small_phys(&rcu);
         let frames = Frames::global(&phys);
         let mut pmap = Pmap::new(&frames).unwrap();
         let addr = 0x7f00_0000_3000;
