@@ -184,12 +184,14 @@ pub(crate) struct Handle {
 
 impl Handle {
     /// Run `f` with this thread's vCPU context for one operation.
+    #[inline(always)]
     pub(crate) fn with_ctx<R>(&self, f: impl FnOnce(&Ctx<'_>) -> R) -> R {
         with_ctx(&self.m, f)
     }
 }
 
 /// Run `f` with this thread's vCPU context on `m` for one operation.
+#[inline(always)]
 pub(crate) fn with_ctx<R>(m: &Machine, f: impl FnOnce(&Ctx<'_>) -> R) -> R {
     let mut claim = m.cpus.claim();
     let index = claim.index();

@@ -890,33 +890,56 @@ impl PhysMem {
     /// Copy bytes into a published frame, starting at byte `offset`. Whole
     /// words are stored; partial words are merged with a CAS so that
     /// concurrent stores to the other bytes of the word are not lost.
+    #[inline(always)]
     pub(crate) fn write_bytes(&self, pfn: Pfn, offset: usize, data: &[u8]) {
         assert!(offset + data.len() <= PAGE_SIZE as usize);
         let words = self.words(pfn);
-        let (mut off, mut rest) = (offset, data);
-        while !rest.is_empty() {
-            let at = off % 8;
-            let (piece, tail) = rest.split_at((8 - at).min(rest.len()));
-            let word = &words[off / 8];
-            if let Ok(whole) = <[u8; 8]>::try_from(piece) {
-                word.store(u64::from_ne_bytes(whole), Ordering::Relaxed);
-            } else {
-                // The bytes and their mask, shifted into place as in a
-                // little-endian word (`from_le` puts them where the
-                // host's byte order has them), built once outside the CAS
-                // loop.
-                let (mut bytes, mut mask) = (0u64, 0u64);
-                for (i, &b) in piece.iter().enumerate() {
-                    let shift = 8 * (at + i);
-                    bytes |= u64::from(b) << shift;
-                    mask |= 0xff << shift;
-                }
-                let (bytes, mask) = (u64::from_le(bytes), u64::from_le(mask));
-                let _ = word.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| Some(old & !mask | bytes));
-            }
-            off += piece.len();
-            rest = tail;
+        let at = offset % 8;
+        if at + data.len() <= 8 && !data.is_empty() {
+            // A store inside one word (a guest's byte, half-word, word or
+            // aligned double-word store: the common case), with no loop.
+            let word = &words[offset / 8];
+            return match <[u8; 8]>::try_from(data) {
+                Ok(whole) => word.store(u64::from_ne_bytes(whole), Ordering::Relaxed),
+                Err(_) => store_in_word(word, at, data),
+            };
         }
+        write_words(words, offset, data);
+    }
+}
+
+/// Merge `piece` (less than a word) into `word` at byte `at`, with a CAS
+/// so that concurrent stores to the word's other bytes are not lost.
+#[inline]
+fn store_in_word(word: &StdAtomicU64, at: usize, piece: &[u8]) {
+    // The bytes and their mask, shifted into place as in a little-endian
+    // word (`from_le` puts them where the host's byte order has them),
+    // built once outside the CAS loop.
+    let mut value = 0u64;
+    for (i, &b) in piece.iter().enumerate() {
+        value |= u64::from(b) << (8 * i);
+    }
+    let fill = (1u64 << (8 * piece.len())) - 1;
+    let (bytes, mask) = (u64::from_le(value << (8 * at)), u64::from_le(fill << (8 * at)));
+    let _ = word.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| Some(old & !mask | bytes));
+}
+
+/// [`PhysMem::write_bytes`] across words: whole words stored, partial ones
+/// merged (`store_in_word`).
+#[inline(never)]
+fn write_words(words: &[StdAtomicU64; WORDS], offset: usize, data: &[u8]) {
+    let (mut off, mut rest) = (offset, data);
+    while !rest.is_empty() {
+        let at = off % 8;
+        let (piece, tail) = rest.split_at((8 - at).min(rest.len()));
+        let word = &words[off / 8];
+        if let Ok(whole) = <[u8; 8]>::try_from(piece) {
+            word.store(u64::from_ne_bytes(whole), Ordering::Relaxed);
+        } else {
+            store_in_word(word, at, piece);
+        }
+        off += piece.len();
+        rest = tail;
     }
 }
 

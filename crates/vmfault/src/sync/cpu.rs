@@ -269,7 +269,7 @@ impl<S, O> Claim<'_, S, O> {
 }
 
 impl<S, O> Drop for Claim<'_, S, O> {
-    #[inline]
+    #[inline(always)]
     fn drop(&mut self) {
         let id = self.set.id;
         let index = self.index;

@@ -252,6 +252,7 @@ thread_local! {
 }
 
 /// Grace periods the calling thread has waited for since the last call.
+#[inline]
 pub fn take_thread_waits() -> u64 {
     #[cfg(not(loom))]
     {
