@@ -743,9 +743,13 @@ impl PhysMem {
     /// Through [`Frames::publish`], which counts it.
     #[inline]
     fn publish(&self, f: OwnedFrame, kind: Kind) -> Pfn {
-        // Published, the frame is written by atomics nobody tracks.
-        self.dirtied(&f);
-        self.page(f.pfn()).set_kind(Kind::Owned, kind);
+        let page = self.page(f.pfn());
+        // Published, the frame is written by atomics nobody tracks
+        // (`dirtied`, on the descriptor at hand).
+        if page.zeroed.load(Ordering::Relaxed) != 0 {
+            page.zeroed.store(0, Ordering::Relaxed);
+        }
+        page.set_kind(Kind::Owned, kind);
         f.into_pfn()
     }
 

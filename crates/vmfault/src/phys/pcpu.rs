@@ -77,7 +77,7 @@ impl<'a> Frames<'a> {
     }
 
     /// One allocation attempt: the magazine, refilled on a miss.
-    #[inline]
+    #[inline(always)]
     fn alloc_once(&self) -> Option<u32> {
         let phys = self.phys;
         let (Some(cpu), Some(pcp)) = (&self.cpu, &phys.pcp) else {
@@ -139,20 +139,22 @@ impl<'a> Frames<'a> {
     /// Allocate a frame; when no frame is free on the global list, drain
     /// every per-CPU cache and try again, then, with swap, wait for the
     /// page daemon (`reclaim`); neither inside a read-side section.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn alloc(&self) -> Option<OwnedFrame<'a>> {
-        let f = self.find_frame()?;
+        let f = match self.alloc_once() {
+            Some(p) => OwnedFrame::new(self.phys, Pfn(p)),
+            None => self.find_frame()?,
+        };
         if let Some(cpu) = &self.cpu {
             cpu.counters.note_frame(u64::from(f.pfn().0));
         }
         Some(f)
     }
 
-    #[inline]
+    /// [`alloc`](Frames::alloc) after a first attempt found nothing.
+    #[cold]
+    #[inline(never)]
     fn find_frame(&self) -> Option<OwnedFrame<'a>> {
-        if let Some(p) = self.alloc_once() {
-            return Some(OwnedFrame::new(self.phys, Pfn(p)));
-        }
         let cpu = self.cpu.as_ref().filter(|c| !c.reader.in_section())?;
         let mut placements = self.phys.deferred.as_ref().map_or(0, |d| d.placements());
         // Even a drain that found nothing may find frames a concurrent

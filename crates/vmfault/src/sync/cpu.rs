@@ -104,7 +104,10 @@ unsafe impl<S: Send, O: Send> Send for CpuSet<S, O> {}
 pub(crate) struct Claim<'a, S, O> {
     set: &'a CpuSet<S, O>,
     index: usize,
-    _shared: Option<super::rank::Ranked<MutexGuard<'a, ()>>>,
+    /// The shared slot's mutex guard, released by `drop_slow` (in a
+    /// `ManuallyDrop`: a claim in [`FAST`], every operation's, then drops
+    /// with no glue beyond its own `drop`).
+    _shared: std::mem::ManuallyDrop<Option<super::rank::Ranked<MutexGuard<'a, ()>>>>,
     /// Claims are tied to the thread's registry entry: not `Send`.
     _not_send: PhantomData<*const ()>,
 }
@@ -224,7 +227,7 @@ impl<S, O> CpuSet<S, O> {
             })
         });
         if let Some(index) = fast {
-            return Claim { set: self, index, _shared: None, _not_send: PhantomData };
+            return Claim { set: self, index, _shared: std::mem::ManuallyDrop::new(None), _not_send: PhantomData };
         }
         self.claim_slow()
     }
@@ -245,11 +248,11 @@ impl<S, O> CpuSet<S, O> {
             None
         });
         if let Some(index) = attached {
-            return Claim { set: self, index, _shared: None, _not_send: PhantomData };
+            return Claim { set: self, index, _shared: std::mem::ManuallyDrop::new(None), _not_send: PhantomData };
         }
         let guard = super::rank::lock(&self.shared_lock, super::rank::Rank::SharedSlot);
         REGISTRY.with(|r| r.borrow_mut().push(TlsEntry { set: self.id, slot: self.cpus, busy: true, transient: true }));
-        Claim { set: self, index: self.cpus, _shared: Some(guard), _not_send: PhantomData }
+        Claim { set: self, index: self.cpus, _shared: std::mem::ManuallyDrop::new(Some(guard)), _not_send: PhantomData }
     }
 }
 
@@ -290,6 +293,7 @@ impl<S, O> Drop for Claim<'_, S, O> {
 impl<S, O> Claim<'_, S, O> {
     /// The end of a claim not in [`FAST`].
     #[inline(never)]
+    #[allow(unsafe_code)]
     fn drop_slow(&mut self) {
         let id = self.set.id;
         let index = self.index;
@@ -303,8 +307,9 @@ impl<S, O> Claim<'_, S, O> {
                 }
             }
         });
-        // The shared slot's mutex guard (if any) is released after this,
-        // when the `_shared` field drops.
+        // The shared slot's mutex guard (if any) is released after that.
+        // SAFETY: taken once, here, from a claim that is ending.
+        drop(unsafe { std::mem::ManuallyDrop::take(&mut self._shared) });
     }
 }
 
