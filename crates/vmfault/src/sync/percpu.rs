@@ -225,7 +225,7 @@ impl<T> PerCpuCache<T> {
     /// Run `f` on the magazine of `reader`'s slot, inside a read-side
     /// section. Panics if `reader` is not one of this cache's `Rcu`, or on
     /// re-entry from `f`.
-    #[inline]
+    #[inline(always)]
     #[allow(unsafe_code)]
     pub fn local<R>(&self, rcu: &Rcu, reader: &RcuReader, f: impl FnOnce(&mut Magazine<T>) -> R) -> R {
         assert!(rcu.id() == self.rcu_id && reader.belongs_to(rcu), "reader of another Rcu");
