@@ -362,19 +362,19 @@ impl Object {
                 frames.free_owned(page);
                 return Insert::Swapped;
             }
-            // Describe the page before it becomes reachable (a failed
-            // publication clears the description again).
-            let desc = phys.page(page.pfn());
-            desc.object.store(self.id, Ordering::Relaxed);
-            desc.pindex.store(pindex, Ordering::Relaxed);
-            desc.refs.set_objref();
-            if queued {
-                PageQueues::mark(desc, Queue::Active);
-            }
-            // Release: the page's contents (zeroed or copied while it was
-            // an OwnedFrame) and its descriptor are visible to whoever
-            // finds it through the index.
-            match frames.publish_into(page, Kind::Data, slot_entry, cur.bits(), entry.bits()) {
+            // Described before it becomes reachable (a failed publication
+            // clears the description again). Release: the page's contents
+            // (zeroed or copied while it was an OwnedFrame) and its
+            // descriptor are visible to whoever finds it through the index.
+            let describe = |desc: &crate::phys::Page| {
+                desc.object.store(self.id, Ordering::Relaxed);
+                desc.pindex.store(pindex, Ordering::Relaxed);
+                desc.refs.set_objref();
+                if queued {
+                    PageQueues::mark(desc, Queue::Active);
+                }
+            };
+            match frames.publish_into(page, Kind::Data, slot_entry, cur.bits(), entry.bits(), describe) {
                 Ok(pfn) => {
                     if queued {
                         frames.enqueue(pfn);

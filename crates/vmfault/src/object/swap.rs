@@ -172,7 +172,7 @@ impl Object {
         PageQueues::mark(desc, Queue::Active);
         // Release: the contents are visible to whoever finds the page.
         let new = Entry::page(frame.pfn());
-        let pfn = match frames.publish_into(frame, Kind::Data, leaf.entry, e.bits(), new.bits()) {
+        let pfn = match frames.publish_into(frame, Kind::Data, leaf.entry, e.bits(), new.bits(), |_| {}) {
             Ok(pfn) => pfn,
             Err((frame, _)) => {
                 // Removed meanwhile (munmap): that took the slot too.

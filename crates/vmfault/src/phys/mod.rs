@@ -743,7 +743,14 @@ impl PhysMem {
     /// Through [`Frames::publish`], which counts it.
     #[inline]
     fn publish(&self, f: OwnedFrame, kind: Kind) -> Pfn {
-        let page = self.page(f.pfn());
+        self.publish_described(self.page(f.pfn()), f, kind)
+    }
+
+    /// [`publish`](PhysMem::publish) with the frame's descriptor, `page`,
+    /// at hand.
+    #[inline(always)]
+    fn publish_described(&self, page: &Page, f: OwnedFrame, kind: Kind) -> Pfn {
+        debug_assert!(std::ptr::eq(page, self.page(f.pfn())), "another frame's descriptor");
         // Published, the frame is written by atomics nobody tracks
         // (`dirtied`, on the descriptor at hand).
         if page.zeroed.load(Ordering::Relaxed) != 0 {
@@ -770,8 +777,11 @@ impl PhysMem {
         slot: &StdAtomicU64,
         current: u64,
         word: u64,
+        describe: impl FnOnce(&Page),
     ) -> std::result::Result<Pfn, (OwnedFrame<'_>, u64)> {
-        let pfn = self.publish(f, kind);
+        let page = self.page(f.pfn());
+        describe(page);
+        let pfn = self.publish_described(page, f, kind);
         match slot.compare_exchange(current, word, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => Ok(pfn),
             // The word was never stored: the frame is still unreachable.
@@ -969,11 +979,11 @@ mod tests {
         let f = frames.alloc().unwrap();
         let pfn = f.pfn();
         phys.page(pfn).object.store(42, Ordering::Relaxed);
-        let (back, now) = phys.publish_into(f, Kind::Data, &slot, 0, u64::from(pfn.0)).unwrap_err();
+        let (back, now) = phys.publish_into(f, Kind::Data, &slot, 0, u64::from(pfn.0), |_| {}).unwrap_err();
         assert_eq!((back.pfn(), now, slot.load(Ordering::Relaxed)), (pfn, 7, 7));
         assert_eq!(phys.page(pfn).object.load(Ordering::Relaxed), 0, "its description is cleared");
         // A winning one stores the word and publishes.
-        let got = phys.publish_into(back, Kind::Data, &slot, 7, u64::from(pfn.0)).unwrap();
+        let got = phys.publish_into(back, Kind::Data, &slot, 7, u64::from(pfn.0), |_| {}).unwrap();
         assert_eq!((got, slot.load(Ordering::Relaxed)), (pfn, u64::from(pfn.0)));
         assert_eq!(phys.global_free_frames(), free - 1, "published, it is nobody's to free");
     }

@@ -158,11 +158,11 @@ impl Page {
     #[inline]
     pub(crate) fn set_kind(&self, from: Kind, to: Kind) {
         // Only the frame's owner changes its kind: load, check, store.
-        let old = Kind::from_u32(self.kind.load(Ordering::Relaxed));
+        let old = self.kind.load(Ordering::Relaxed);
         // Release builds do not track Free on the free lists (`freelist`):
         // a frame taken from one still says Free or Owned.
-        let ok = old == from || (from == Kind::Owned && old == Kind::Free && !cfg!(debug_assertions));
-        assert!(ok, "bad page kind transition {from:?} -> {to:?} (the frame is {old:?})");
+        let ok = old == from as u32 || (from == Kind::Owned && old == Kind::Free as u32 && !cfg!(debug_assertions));
+        assert!(ok, "bad page kind transition {from:?} -> {to:?} (the frame is {:?})", Kind::from_u32(old));
         self.kind.store(to as u32, Ordering::Relaxed);
     }
 }

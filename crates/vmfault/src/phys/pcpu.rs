@@ -322,7 +322,8 @@ impl<'a> Frames<'a> {
     }
 
     /// Publish owned frame `f` as `kind` by a compare-exchange of `slot`
-    /// (`PhysMem::publish_into`), counted if it became visible.
+    /// (`PhysMem::publish_into`), counted if it became visible; `describe`
+    /// fills its descriptor first (a failed publication clears it again).
     #[inline]
     pub(crate) fn publish_into(
         &self,
@@ -331,8 +332,9 @@ impl<'a> Frames<'a> {
         slot: &std::sync::atomic::AtomicU64,
         current: u64,
         word: u64,
+        describe: impl FnOnce(&super::Page),
     ) -> std::result::Result<Pfn, (OwnedFrame<'a>, u64)> {
-        let r = self.phys.publish_into(f, kind, slot, current, word);
+        let r = self.phys.publish_into(f, kind, slot, current, word, describe);
         if r.is_ok() {
             self.count(kind_counters(kind).0, 1);
         }

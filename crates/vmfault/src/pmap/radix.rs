@@ -228,7 +228,7 @@ impl Radix {
                 // whoever finds it (and may free it) sees its real kind;
                 // Release publishes the zeroed contents with the pointer.
                 let word = entry_for(fresh.pfn());
-                match frames.publish_into(fresh, self.kind, slot, 0, word) {
+                match frames.publish_into(fresh, self.kind, slot, 0, word, |_| {}) {
                     Ok(_) => {
                         phys.page(node).children.fetch_add(1, Ordering::Relaxed);
                         e = word;
@@ -294,7 +294,7 @@ impl Radix {
             };
             phys.page(node).pindex.store(base, Ordering::Relaxed);
             let word = (u64::from(node.raw()) << 12) | u64::from(height);
-            match frames.publish_into(fresh, self.kind, &self.root, cur, word) {
+            match frames.publish_into(fresh, self.kind, &self.root, cur, word, |_| {}) {
                 Ok(_) => added += 1,
                 Err((lost, _)) => {
                     if let Some(slot) = slot {
