@@ -73,6 +73,9 @@ pub(crate) enum Resolved {
     Retry,
 }
 
+// `Retry` is the last outcome, and counts nothing: the table below ends with it.
+const _: () = assert!(Resolved::Retry as usize + 1 == Resolved::COUNTERS.len());
+
 impl Resolved {
     /// The counter of a fault that ended so, by the variant's position.
     const COUNTERS: [Option<Counter>; 7] = [
@@ -86,7 +89,8 @@ impl Resolved {
     ];
 
     /// The counter of a fault that ended so (a table, not a jump: every
-    /// fault counts one).
+    /// fault counts one). A new variant goes before `Retry`, with its
+    /// counter in `COUNTERS` (checked above and by the unit test).
     #[inline]
     fn counter(self) -> Counter {
         Self::COUNTERS[self as usize].expect("the classic path retries")

@@ -926,6 +926,7 @@ impl PhysMem {
 /// so that concurrent stores to the word's other bytes are not lost.
 #[inline]
 fn store_in_word(word: &StdAtomicU64, at: usize, piece: &[u8]) {
+    debug_assert!(!piece.is_empty() && piece.len() < 8 && at + piece.len() <= 8, "{} bytes at {at}", piece.len());
     // The bytes and their mask, shifted into place as in a little-endian
     // word (`from_le` puts them where the host's byte order has them),
     // built once outside the CAS loop.

@@ -295,6 +295,11 @@ impl<S, O> Claim<'_, S, O> {
     #[inline(never)]
     #[allow(unsafe_code)]
     fn drop_slow(&mut self) {
+        // SAFETY: `_shared` is taken once, here: `drop_slow` is private,
+        // its one caller is `Drop::drop`, and nothing reads the field
+        // after. Held in a local, the guard is still released if the
+        // registry update below unwinds.
+        let shared = unsafe { std::mem::ManuallyDrop::take(&mut self._shared) };
         let id = self.set.id;
         let index = self.index;
         let _ = REGISTRY.try_with(|r| {
@@ -308,8 +313,7 @@ impl<S, O> Claim<'_, S, O> {
             }
         });
         // The shared slot's mutex guard (if any) is released after that.
-        // SAFETY: taken once, here, from a claim that is ending.
-        drop(unsafe { std::mem::ManuallyDrop::take(&mut self._shared) });
+        drop(shared);
     }
 }
 
