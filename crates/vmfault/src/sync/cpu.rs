@@ -286,6 +286,10 @@ impl<S, O> Drop for Claim<'_, S, O> {
         });
         if fast != Ok(true) {
             self.drop_slow();
+        } else {
+            // Only the shared slot's claims hold a guard, and FAST never
+            // names the shared slot: nothing is left to release.
+            debug_assert!(self._shared.is_none(), "a claim in FAST with the shared slot's guard");
         }
     }
 }
