@@ -116,7 +116,8 @@ pub(super) fn resolve_stable(
     // (So the frame for it is not filled here: zeroing it too would double
     // the cost of a copy-on-write fault.)
     let copy_below = matches!(found, Found::Below(_)) && fault.access == Access::Write;
-    let fresh = new_page(ctx, &frames, vma, object, pindex, found, &fault, None).map_err(|lack| {
+    let allowed = may_allocate(ctx, vma, &fault) && fault.allowed_in(vma);
+    let fresh = new_page(ctx, &frames, vma, object, pindex, found, &fault, None, allowed).map_err(|lack| {
         if lack == Lack::Frame {
             ctx.count(Counter::fault_nomem);
         }
@@ -230,7 +231,9 @@ impl Lack {
 /// be zeroed, or for a write over a page below, to be a copy of it
 /// (copy-on-write). `found` is where the chain had the page when the
 /// caller looked; `slot`, the object's slot for `pindex` if the caller
-/// has reserved it already.
+/// has reserved it already; `allowed`, whether this fault may allocate in
+/// `vma` at all ([`may_allocate`] and [`Fault::allowed_in`], which the
+/// caller has worked out already).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub(super) fn new_page<'p>(
@@ -242,7 +245,9 @@ pub(super) fn new_page<'p>(
     found: Found,
     fault: &Fault,
     slot: Option<Slot<'p>>,
+    allowed: bool,
 ) -> Result<Option<Fresh<'p>>, Lack> {
+    debug_assert_eq!(allowed, may_allocate(ctx, vma, fault) && fault.allowed_in(vma));
     let write = fault.access == Access::Write;
     let needed = match found {
         Found::Own(_) => false,
@@ -251,7 +256,7 @@ pub(super) fn new_page<'p>(
         // The caller reads the file's (or swap's) page in first (or gives up).
         Found::Uncached | Found::Swapped { .. } => return Err(Lack::Io),
     };
-    if !needed || !may_allocate(ctx, vma, fault) || !fault.allowed_in(vma) {
+    if !needed || !allowed {
         return Ok(None);
     }
     let o = object.expect("allocating faults have an object");
