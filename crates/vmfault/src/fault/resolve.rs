@@ -393,11 +393,8 @@ pub(super) fn commit_locked(
     // A shared file page is mapped writable only by a write fault, which
     // marks it dirty: the first store after a write-back must fault.
     let file = c.object.is_some_and(|o| o.is_file());
-    let mut pte = if pfn == phys.zero_pfn() || Some(pfn) == below || (file && !write) {
-        Pte::new(pfn, false, exec, false)
-    } else {
-        Pte::new(pfn, vma.prot.contains(Prot::WRITE), exec, write)
-    };
+    let read_only = pfn == phys.zero_pfn() || Some(pfn) == below || (file && !write);
+    let mut pte = Pte::new(pfn, !read_only && vma.prot.contains(Prot::WRITE), exec, !read_only && write);
     // Wirings of a locked VMA (`aspace/mlock.rs`): the PTE keeps the one it
     // holds if its page stays, gives it back if the page changes
     // (copy-on-write), and a new PTE of a locked VMA wires its page. Only
