@@ -366,7 +366,9 @@ fn spawn_grace_thread(m: &Arc<Machine>) -> Result<std::thread::JoinHandle<()>> {
                     // vCPU's few frames, the unowned list) get one too.
                     let held = d.frames();
                     if wanted != served || (held > 0 && held != seen) || d.late() > 0 {
-                        m.rcu.synchronize();
+                        // Sleeping between polls: spinning here took the
+                        // CPU from the very sections it waited for.
+                        m.rcu.grace_period_sleeping();
                         served = wanted;
                         // (Queued drops age here; their owners drop them.)
                         m.phys.flush_deferred(&m.rcu, false);

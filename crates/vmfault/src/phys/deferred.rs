@@ -11,7 +11,9 @@
 //!   miss (`take_aged` polls).
 //! - A grace-period thread (`vmfault-rcu`), woken by a list that holds
 //!   `WAKE_FRAMES` frames (and every `GRACE_POLL` while the lists hold
-//!   some that changed since its last one), runs `synchronize()`; one grace period ages all the batches
+//!   some that changed since its last one), runs a grace period, polled
+//!   and sleeping between polls (`Rcu::grace_period_sleeping`: a spinning
+//!   thread took the CPU from the sections it waited for); one grace period ages all the batches
 //!   queued before it, by every vCPU. Batches queued within one grace
 //!   period merge.
 //! - The owner takes its aged batches back when its page cache misses (the

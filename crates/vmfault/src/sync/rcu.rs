@@ -374,6 +374,24 @@ impl Rcu {
         }
     }
 
+    /// A grace period for a background thread, which must not take the
+    /// CPU from the readers it waits for: polled ([`poll`](Rcu::poll)),
+    /// sleeping between polls (20 µs, doubling up to 1 ms) where
+    /// [`synchronize`](Rcu::synchronize) spins and yields. On a machine
+    /// with no spare core, a spinning waiter that preempted a reader
+    /// inside its section keeps it from ending that section, and every
+    /// vCPU that needs the same grace period waits as long (the
+    /// grace-period thread's `synchronize` made page_fault1's allocations
+    /// wait at two vCPUs on two cores). Counted as no wait.
+    pub fn grace_period_sleeping(&self) {
+        let cookie = self.cookie();
+        let mut nap = std::time::Duration::from_micros(20);
+        while !self.poll(cookie) {
+            std::thread::sleep(nap);
+            nap = (nap * 2).min(std::time::Duration::from_millis(1));
+        }
+    }
+
     /// Whether a full grace period has elapsed since `cookie` was taken,
     /// moving one on without ever waiting (Linux's
     /// `start_poll_synchronize_rcu` and `poll_state_synchronize_rcu` in
@@ -879,6 +897,33 @@ mod tests {
         assert!(rcu.elapsed(c));
         // The poll's own grace period is still under way; it completes.
         assert!(rcu.poll(c));
+    }
+
+    #[test]
+    fn a_sleeping_grace_period_returns_only_after_the_sections_it_saw() {
+        let (rcu, mut readers) = Rcu::new(2);
+        let r1 = readers.pop().unwrap();
+        let ended = std::sync::atomic::AtomicBool::new(false);
+        let (entered_tx, entered_rx) = std::sync::mpsc::channel();
+        let (rcu, ended) = (&rcu, &ended);
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                let inside = rcu.read_lock(&r1);
+                entered_tx.send(()).unwrap();
+                std::thread::sleep(std::time::Duration::from_millis(30));
+                ended.store(true, std::sync::atomic::Ordering::SeqCst);
+                drop(inside);
+            });
+            entered_rx.recv().unwrap();
+            let c = rcu.cookie();
+            rcu.grace_period_sleeping();
+            assert!(ended.load(std::sync::atomic::Ordering::SeqCst), "returned inside the section");
+            assert!(rcu.elapsed(c));
+        });
+        // Polled: counted as no wait of a caller.
+        assert_eq!(take_thread_waits(), 0);
+        // With no reader inside a section, it returns at once.
+        rcu.grace_period_sleeping();
     }
 
     #[test]
