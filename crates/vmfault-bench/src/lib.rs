@@ -199,8 +199,14 @@ pub fn size_vm(
             .map(|w| w.footprint_per_thread(sizes) * threads as u64 + w.footprint_shared(sizes))
             .max()
             .unwrap_or(0);
+        // Frees in flight: with `free_path=deferred` a vCPU's last freed
+        // cycle awaits its grace period while the vCPU faults the next,
+        // and an allocation that finds no frame waits for that grace
+        // period (with one cycle's room it does only if another vCPU
+        // stays inside one section for a whole cycle: preempted).
+        let in_flight = workloads.iter().map(|w| w.footprint_per_thread(sizes)).max().unwrap_or(0);
         // Page tables and index nodes: 2 frames per 512 pages, plus slack.
-        cfg.phys_bytes = need + need / 128 + (16 << 20);
+        cfg.phys_bytes = need + need / 128 + in_flight + (16 << 20);
     }
 }
 
