@@ -39,7 +39,7 @@ pub(crate) fn unmapped_area(index: &impl Gaps, hint: u64, len: u64, high: u64) -
 }
 
 /// The highest `len`-byte gap inside `low..high`.
-fn top_down(index: &impl Gaps, len: u64, low: u64, high: u64) -> Option<u64> {
+pub(crate) fn top_down(index: &impl Gaps, len: u64, low: u64, high: u64) -> Option<u64> {
     let mut gap_end = high;
     loop {
         if gap_end < low.checked_add(len)? {

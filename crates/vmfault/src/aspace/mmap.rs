@@ -11,6 +11,7 @@ use super::layout::{MMAP_BASE, round_hint, unmapped_area};
 use super::spares;
 use super::vma::{Lookup, VmaIndex};
 use super::vma::{Vma, VmaFlags};
+use super::zones::MapHeld;
 use super::{AddressSpace, MAX_MAP_COUNT, MapWrite, Space};
 use crate::error::{Error, Op, Result};
 use crate::machine::Ctx;
@@ -318,15 +319,24 @@ impl Space {
         // In flight from here, its search included: two mmaps searching
         // at once each see the other and go to zones of their own.
         let _busy = self.zones.busy(slot);
+        let linux = self.zones.zone_of(MMAP_BASE - 1);
         if hint == 0 && self.zones.others_changing(slot) {
             // Another change is in flight: this vCPU's own zone, below
-            // Linux's, a page short of its end (a change locks the zone
-            // of the byte after its range).
-            let linux = self.zones.zone_of(MMAP_BASE - 1);
+            // Linux's; if that is busy or full, the search below goes on
+            // from a page short of its end (a change locks the zone of
+            // the byte after its range).
             if let Some(home) = self.zones.home_below(linux, slot) {
-                high = self.zones.end_of(home) - crate::types::PAGE_SIZE;
                 ctx.count(Counter::placement_home);
+                if let Some(found) = self.placed_in(ctx, home, len, None) {
+                    return Some(Ok(found));
+                }
+                high = self.zones.end_of(home) - crate::types::PAGE_SIZE;
             }
+        } else if hint == 0
+            && let Some(found) = self.placed_in(ctx, linux, len, Some(MMAP_BASE))
+        {
+            // Linux's address, found in Linux's zone under its lock.
+            return Some(Ok(found));
         }
         loop {
             let start = {
@@ -365,6 +375,45 @@ impl Space {
                 return Some(Ok((map, start)));
             }
         }
+    }
+}
+
+impl Space {
+    /// The highest gap of `len` bytes below `high` (`None`: the zone's
+    /// top) in zone `z`, searched under that zone's map lock (taken without
+    /// waiting), with the lock held; none if the zone is busy, holds a VMA
+    /// that crosses its edges, or has no such gap.
+    ///
+    /// No RCU section: the index searched is the locked one. (A vCPU
+    /// preempted inside a section holds back every other vCPU's
+    /// reclamation of retired snapshots, and their next changes allocate
+    /// the records and nodes those hold: heap allocations in mmap1 at two
+    /// vCPUs.)
+    ///
+    /// The range keeps a page clear of the zone's start, and a page and a
+    /// stack guard gap clear of its end: a change locks the zones of the
+    /// bytes beside its range, and a stack at the bottom of the zone above
+    /// (not searched) keeps its guard gap free. A gap found in Linux's
+    /// zone below `MMAP_BASE` is Linux's answer: every gap above it, up to
+    /// `MMAP_BASE`, lies in the zone too, whose index holds every VMA that
+    /// touches it.
+    fn placed_in(&self, ctx: &Ctx<'_>, z: usize, len: u64, high: Option<u64>) -> Option<(MapWrite<'_>, u64)> {
+        let top = self.zones.end_of(z).saturating_sub(crate::types::PAGE_SIZE + super::stack::STACK_GUARD_GAP);
+        // A `high` above the top would be a lower answer than the one asked for.
+        let high = match high {
+            Some(h) if h > top => return None,
+            h => h.unwrap_or(top),
+        };
+        let held = self.zones.try_write(z, z).ok()?;
+        let map = self.map_write_held(ctx, held);
+        // Every VMA that touches the zone lies inside it: the lock covers
+        // the range, its neighbours and whatever they may merge with.
+        if map.tree(z).is_none_or(|t| t.crossing != 0) {
+            return None;
+        }
+        let low = self.zones.start_of(z) + crate::types::PAGE_SIZE;
+        let start = super::layout::top_down(&map, len, low, high)?;
+        Some((map, start))
     }
 }
 

@@ -29,11 +29,20 @@
 //!   each time; retired snapshots go to the changing vCPU's own list.
 //!
 //! # Placement
-//! An mmap without a usable hint looks for Linux's address in the zones'
-//! snapshots with no lock, then locks that address's zones and checks it
-//! is still free. If another change holds one of them, it takes the highest
-//! gap below that zone instead (contention-aware placement, as CortenMM's);
-//! the address is Linux's whenever no other change is in flight.
+//! An mmap without a usable hint first tries Linux's zone (the last one,
+//! which holds `MMAP_BASE`): it takes that zone's map lock without
+//! waiting and searches the locked index for the highest gap below
+//! `MMAP_BASE` (`Space::placed_in`); every gap above one found there lies
+//! in the zone too, so it is Linux's answer. Only if the zone is busy,
+//! holds a VMA that crosses its edge, or has no room, it looks for Linux's
+//! address in the zones' snapshots with no lock, inside an RCU section,
+//! then locks that address's zones and checks it is still free. If another
+//! change holds one of them, it takes the highest gap below that zone
+//! instead (contention-aware placement, as CortenMM's); the address is
+//! Linux's whenever no other change is in flight. Searching under the
+//! lock keeps the common case out of RCU sections: a vCPU preempted
+//! inside one holds back every other vCPU's reclamation of retired
+//! snapshots, whose records and nodes its next changes then allocate.
 //!
 //! While another vCPU has an operation in flight on the space (it holds a
 //! zone's map lock, for writing or, as a fault under the map lock that may
@@ -42,7 +51,8 @@
 //! at once see each other; `Zones::changing`, read for the slots in
 //! `Zones::changers` only), an
 //! unhinted mmap goes straight to a zone of its vCPU's own below Linux's
-//! (`Zones::home_below`), instead of trying Linux's zone first: vCPUs
+//! (`Zones::home_below`; searched under its lock as above, a page and a
+//! stack guard gap short of its end), instead of trying Linux's zone first: vCPUs
 //! that map and unmap at once (will-it-scale's mmap1 and malloc1) then
 //! each work in a zone of their own, and neither the lock, the index, the
 //! snapshot nor the page tables of one are written by the other. With no
