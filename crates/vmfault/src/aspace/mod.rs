@@ -80,6 +80,12 @@ pub(crate) use zones::{HeldView, MapHeld, MapRead, Zones};
 /// Retired snapshots that make an operation wait for a grace period.
 const SNAPSHOT_BACKLOG: usize = 32;
 
+/// Room for retired snapshots a vCPU's list and a reclaim's buffer keep
+/// from the start: past `SNAPSHOT_BACKLOG` they go to the deferred list,
+/// so a list grown at a new high in the middle of a run (a heap
+/// allocation) is one that twice the backlog did not hold.
+const RETIRED_ROOM: usize = 2 * SNAPSHOT_BACKLOG;
+
 /// Retired snapshots below which an operation does not look for any to
 /// free (looking costs more than the few versions it would free).
 const RECLAIM_BATCH: usize = 8;
@@ -669,7 +675,7 @@ impl Space {
         // what this thread pushed or took over before the look; the slot
         // of unattached threads is pushed to by several, so it looks again
         // under the list's lock.
-        let mut done = AgedSnapshots::take(&AGED);
+        let mut done = AgedSnapshots::take_with_room(&AGED, RETIRED_ROOM);
         let own = slot < self.zones.cpus.len() - 1;
         let reclaimed = match look(&mut quiet) {
             Some(proof) if own => {

@@ -88,6 +88,11 @@ pub(crate) const WAKE_FRAMES: u64 = 256;
 /// Values a list holds to drop before a queueing wakes the thread.
 pub(crate) const WAKE_DROPS: u64 = 64;
 
+/// Room for values to drop a list and a drop's buffer keep from the
+/// start (a list grown at a new high in the middle of a run is a heap
+/// allocation there).
+const DROPS_ROOM: usize = 2 * WAKE_DROPS as usize;
+
 /// How often the grace-period thread looks for batches nobody woke it for.
 pub(crate) const GRACE_POLL: std::time::Duration = std::time::Duration::from_millis(10);
 
@@ -151,7 +156,12 @@ impl Deferred {
     /// Lists for `slots` vCPU slots, plus the one without a vCPU.
     pub(crate) fn new(slots: usize) -> Deferred {
         Deferred {
-            lists: (0..=slots).map(|_| CachePadded(List::default())).collect(),
+            lists: (0..=slots)
+                .map(|_| {
+                    let drops = Mutex::new(Vec::with_capacity(DROPS_ROOM));
+                    CachePadded(List { drops, ..List::default() })
+                })
+                .collect(),
             requests: AtomicU64::new(0),
             thread: std::sync::OnceLock::new(),
         }
@@ -268,7 +278,7 @@ impl Deferred {
         }
         let (aged, _dropping) = {
             let mut q = crate::sync::rank::lock(&l.drops, crate::sync::rank::Rank::Leaf);
-            let mut aged = AgedDrops::take(&AGED);
+            let mut aged = AgedDrops::take_with_room(&AGED, DROPS_ROOM);
             rcu.reclaim_each(&mut q, false, |v| aged.push(v));
             let k = aged.len() as u64;
             // Being dropped before they leave the queue's count (as frames

@@ -25,6 +25,17 @@ impl<T: 'static> Scratch<T> {
     pub(crate) fn take(home: &'static LocalKey<Cell<Vec<T>>>) -> Scratch<T> {
         Scratch { items: home.try_with(Cell::take).unwrap_or_default(), home }
     }
+
+    /// [`take`](Scratch::take), with room for at least `room` items: a
+    /// buffer sized for its usual high mark at its thread's first use, not
+    /// grown at each new high (a heap allocation in the middle of a run).
+    pub(crate) fn take_with_room(home: &'static LocalKey<Cell<Vec<T>>>, room: usize) -> Scratch<T> {
+        let mut s = Scratch::take(home);
+        if s.items.capacity() < room {
+            s.items.reserve(room);
+        }
+        s
+    }
 }
 
 impl<T: std::fmt::Debug> std::fmt::Debug for Scratch<T> {
