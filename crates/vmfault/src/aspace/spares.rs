@@ -33,6 +33,15 @@
 //! each kind (beyond, the records are freed), and magazines once made
 //! circulate, so nothing is allocated in steady state.
 //!
+//! A thread that finds the depot empty marks it hungry
+//! ([`Shelf::hungry`]), and the next thread to keep a spare while it holds
+//! [`HAND_OVER`] hands its list over then, not once it holds [`KEEP`]:
+//! otherwise the thread that frees what another allocates sat on up to a
+//! magazine while the other allocated as many from the heap (at each
+//! bench round's new threads, and whenever the flow turned: mmap1 at two
+//! vCPUs made 282 to 2,504 heap allocations in 9 rounds, 17 to 88 with
+//! the hand-over).
+//!
 //! A thread is the unit, as it is of glibc's tcache: a vCPU is a thread
 //! (`Vm::attach`), and no thread touches another's spares, so they take
 //! no lock and write no line another vCPU writes (but the depot's, once
@@ -42,6 +51,7 @@
 //! dropped, and nothing compares VMA records by address.
 
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::ptree::{self, Recycle};
@@ -54,6 +64,10 @@ pub(crate) const KEEP: usize = 256;
 /// Full magazines of each kind the depot keeps.
 const DEPOT_MAGAZINES: usize = 16;
 
+/// Spares a thread hands over at once, as a magazine, when another has
+/// found the depot empty (see [`Shelf::hungry`]).
+const HAND_OVER: usize = KEEP / 8;
+
 /// Magazines that threads handed over (`[L]`: a leaf lock).
 struct Depot<T> {
     /// Full ones, for threads that have none.
@@ -62,16 +76,31 @@ struct Depot<T> {
     empty: Vec<Vec<T>>,
 }
 
-impl<T> Depot<T> {
-    const fn new() -> Mutex<Depot<T>> {
-        Mutex::new(Depot { full: Vec::new(), empty: Vec::new() })
+/// A depot, and whether a thread has found it empty.
+struct Shelf<T> {
+    /// `[L]` the magazines (a leaf lock).
+    depot: Mutex<Depot<T>>,
+    /// `[a]` set by a thread that found no full magazine (and allocated);
+    /// the next thread to keep a spare while it holds [`HAND_OVER`] or
+    /// more hands its list over and clears it. Without it, a thread that
+    /// frees what another allocates (a record made on one vCPU, dropped
+    /// with a snapshot on the other) kept up to [`KEEP`] of them while the
+    /// other allocated as many from the heap: after each bench round's new
+    /// threads, and whenever the flow turned. Loaded at each keep; written
+    /// only when the depot runs dry and at the hand-over.
+    hungry: AtomicBool,
+}
+
+impl<T> Shelf<T> {
+    const fn new() -> Shelf<T> {
+        Shelf { depot: Mutex::new(Depot { full: Vec::new(), empty: Vec::new() }), hungry: AtomicBool::new(false) }
     }
 }
 
-/// `[L]` the depot of records.
-static VMAS: Mutex<Depot<Arc<Vma>>> = Depot::new();
-/// `[L]` the depot of nodes.
-static NODES: Mutex<Depot<Arc<SnapshotNode>>> = Depot::new();
+/// The depot of records.
+static VMAS: Shelf<Arc<Vma>> = Shelf::new();
+/// The depot of nodes.
+static NODES: Shelf<Arc<SnapshotNode>> = Shelf::new();
 
 /// One thread's spares (`[T]`: a thread-local, this thread only).
 struct Spares {
@@ -86,12 +115,12 @@ impl Drop for Spares {
     /// that detaches, a bench round's workers): the next threads take them
     /// instead of allocating their own again.
     fn drop(&mut self) {
-        fn leave<T>(list: &mut Vec<T>, depot: &Mutex<Depot<T>>) {
+        fn leave<T>(list: &mut Vec<T>, shelf: &Shelf<T>) {
             let list = std::mem::take(list);
             if !uses_depot() {
                 return;
             }
-            let mut d = rank::lock(depot, Rank::Leaf);
+            let mut d = rank::lock(&shelf.depot, Rank::Leaf);
             let to = if list.is_empty() { &mut d.empty } else { &mut d.full };
             if to.len() < DEPOT_MAGAZINES {
                 to.push(list);
@@ -134,9 +163,9 @@ fn uses_depot() -> bool {
 /// A spare from the list of this thread's that `list` picks, refilled
 /// from `depot` if it is empty.
 #[inline]
-fn take<T>(list: impl Fn(&mut Spares) -> &mut Vec<T>, depot: &Mutex<Depot<T>>) -> Option<T> {
+fn take<T>(list: impl Fn(&mut Spares) -> &mut Vec<T>, shelf: &Shelf<T>) -> Option<T> {
     match with(|s| list(s).pop()) {
-        Some(None) => refill(list, depot),
+        Some(None) => refill(list, shelf),
         got => got.flatten(),
     }
 }
@@ -144,14 +173,18 @@ fn take<T>(list: impl Fn(&mut Spares) -> &mut Vec<T>, depot: &Mutex<Depot<T>>) -
 /// [`take`] from an empty list: a full magazine from the depot for it.
 #[cold]
 #[inline(never)]
-fn refill<T>(list: impl Fn(&mut Spares) -> &mut Vec<T>, depot: &Mutex<Depot<T>>) -> Option<T> {
+fn refill<T>(list: impl Fn(&mut Spares) -> &mut Vec<T>, shelf: &Shelf<T>) -> Option<T> {
     if !uses_depot() {
         return None;
     }
     with(|s| {
         let l = list(s);
-        let mut d = rank::lock(depot, Rank::Leaf);
-        let full = d.full.pop()?;
+        let mut d = rank::lock(&shelf.depot, Rank::Leaf);
+        let Some(full) = d.full.pop() else {
+            // Under the depot's lock, as the hand-over that clears it.
+            shelf.hungry.store(true, Ordering::Relaxed);
+            return None;
+        };
         let empty = std::mem::replace(l, full);
         if d.empty.len() < DEPOT_MAGAZINES {
             d.empty.push(empty);
@@ -192,10 +225,11 @@ pub(crate) fn release_vma(mut v: Arc<Vma>) {
 /// full list goes to `depot` for an empty one first. If the depot is full
 /// too (or while the thread is ending), drop it, outside the borrow.
 #[inline]
-fn keep<T>(item: T, list: impl Fn(&mut Spares) -> &mut Vec<T>, depot: &Mutex<Depot<T>>) {
+fn keep<T>(item: T, list: impl Fn(&mut Spares) -> &mut Vec<T>, shelf: &Shelf<T>) {
     let extra = with(|s| {
         let l = list(s);
-        if l.len() < KEEP {
+        let hand_over = l.len() >= HAND_OVER && shelf.hungry.load(Ordering::Relaxed);
+        if l.len() < KEEP && !hand_over {
             l.push(item);
             None
         } else {
@@ -203,28 +237,35 @@ fn keep<T>(item: T, list: impl Fn(&mut Spares) -> &mut Vec<T>, depot: &Mutex<Dep
         }
     });
     if let Some(Some(item)) = extra {
-        spill(item, list, depot);
+        spill(item, list, shelf);
     }
 }
 
-/// [`keep`] into a full list: the list to the depot, an empty one back.
+/// [`keep`] into a full list, or one to hand over: the list to the depot,
+/// an empty one back.
 #[cold]
 #[inline(never)]
-fn spill<T>(item: T, list: impl Fn(&mut Spares) -> &mut Vec<T>, depot: &Mutex<Depot<T>>) {
+fn spill<T>(item: T, list: impl Fn(&mut Spares) -> &mut Vec<T>, shelf: &Shelf<T>) {
     if !uses_depot() {
         return drop(item);
     }
     let extra = with(|s| {
         let l = list(s);
-        let mut d = rank::lock(depot, Rank::Leaf);
+        let mut d = rank::lock(&shelf.depot, Rank::Leaf);
         if d.full.len() >= DEPOT_MAGAZINES {
             return Some(item);
+        }
+        // A list handed over goes with the item (it has room for it); a
+        // full one without.
+        let mut item = Some(item);
+        if shelf.hungry.swap(false, Ordering::Relaxed) && l.len() < KEEP {
+            l.extend(item.take());
         }
         // Once per magazine ever made (they circulate after).
         let empty = d.empty.pop().unwrap_or_else(|| Vec::with_capacity(KEEP));
         d.full.push(std::mem::replace(l, empty));
         drop(d);
-        l.push(item);
+        l.extend(item);
         None
     });
     drop(extra);
@@ -321,7 +362,7 @@ mod tests {
 
     #[test]
     fn a_full_list_goes_to_the_depot_and_a_thread_with_none_takes_it() {
-        static DEPOT: Mutex<Depot<Arc<Vma>>> = Depot::new();
+        static DEPOT: Shelf<Arc<Vma>> = Shelf::new();
         let made: Vec<usize> = std::thread::spawn(|| {
             let records: Vec<Arc<Vma>> = (0..KEEP as u64 + 1).map(|i| record(i, i + 1)).collect();
             let ptrs = records.iter().map(|r| Arc::as_ptr(r) as usize).collect();
@@ -334,7 +375,7 @@ mod tests {
         .join()
         .unwrap();
         {
-            let d = DEPOT.lock().unwrap();
+            let d = DEPOT.depot.lock().unwrap();
             assert_eq!(d.full.len(), 1);
             assert_eq!(d.full[0].len(), KEEP);
         }
@@ -342,12 +383,40 @@ mod tests {
             let r = take(|s| &mut s.vmas, &DEPOT).expect("a record from the depot");
             assert!(made.contains(&(Arc::as_ptr(&r) as usize)), "one of the first thread's");
             assert_eq!(counts().0, KEEP - 1);
-            let d = DEPOT.lock().unwrap();
+            let d = DEPOT.depot.lock().unwrap();
             assert!(d.full.is_empty());
             assert_eq!(d.empty.len(), 1, "the thread's own empty list went back");
         })
         .join()
         .unwrap();
+    }
+
+    #[test]
+    fn a_thread_that_found_the_depot_empty_gets_the_next_keepers_spares() {
+        static DEPOT: Shelf<Arc<Vma>> = Shelf::new();
+        // A thread finds nothing: the depot is marked hungry.
+        std::thread::spawn(|| assert!(take(|s| &mut s.vmas, &DEPOT).is_none())).join().unwrap();
+        assert!(DEPOT.hungry.load(Ordering::Relaxed));
+        // A thread that keeps spares hands them over once it holds
+        // HAND_OVER, long before its list is full.
+        std::thread::spawn(|| {
+            // (Not `record`, which would take spares from the shared depot.)
+            let new = |i: u64| Arc::new(Vma::new(i * P, (i + 1) * P, Prot::READ, VmaFlags::empty(), i, None));
+            let mut records: Vec<Arc<Vma>> = (0..=HAND_OVER as u64).map(new).collect();
+            let last = records.pop().unwrap();
+            for r in records {
+                keep(r, |s| &mut s.vmas, &DEPOT);
+            }
+            assert_eq!(counts().0, HAND_OVER, "fewer than HAND_OVER: kept");
+            keep(last, |s| &mut s.vmas, &DEPOT);
+            assert_eq!(counts().0, 0, "handed over with the one kept last");
+        })
+        .join()
+        .unwrap();
+        assert!(!DEPOT.hungry.load(Ordering::Relaxed));
+        let d = DEPOT.depot.lock().unwrap();
+        assert_eq!(d.full.len(), 1);
+        assert_eq!(d.full[0].len(), HAND_OVER + 1);
     }
 
     /// Drop every version of `t`, returning how many records came back.
