@@ -438,8 +438,8 @@ impl Drop for Busy<'_> {
     }
 }
 
-/// Guards of consecutive zones, in ascending order; one zone (the common
-/// case) needs no allocation.
+/// Guards of consecutive zones, in ascending order; up to three (a
+/// change at a zone's edge holds two) need no heap allocation.
 #[derive(Debug)]
 pub(crate) struct Held<G> {
     /// The first zone held.
@@ -447,19 +447,19 @@ pub(crate) struct Held<G> {
     /// Its guard.
     one: G,
     /// The guards of the zones after it.
-    more: Vec<G>,
+    more: smallvec::SmallVec<[G; 2]>,
 }
 
 impl<G> Held<G> {
     fn collect(first: usize, last: usize, mut take: impl FnMut(usize) -> G) -> Held<G> {
         let one = take(first);
-        let more = if last > first { (first + 1..=last).map(take).collect() } else { Vec::new() };
+        let more = (first + 1..=last).map(take).collect();
         Held { first, one, more }
     }
 
     fn try_collect(first: usize, last: usize, mut take: impl FnMut(usize) -> Option<G>) -> Option<Held<G>> {
         let one = take(first)?;
-        let mut more = Vec::new();
+        let mut more = smallvec::SmallVec::new();
         for z in first + 1..=last {
             more.push(take(z)?);
         }
