@@ -390,14 +390,21 @@ impl Space {
     /// the records and nodes those hold: heap allocations in mmap1 at two
     /// vCPUs.)
     ///
-    /// The range keeps a page clear of the zone's start, and a page and a
+    /// The range keeps a page clear of the zone's start (and starts at
+    /// `MMAP_MIN_ADDR` or above), and a page and a
     /// stack guard gap clear of its end: a change locks the zones of the
     /// bytes beside its range, and a stack at the bottom of the zone above
     /// (not searched) keeps its guard gap free. A gap found in Linux's
     /// zone below `MMAP_BASE` is Linux's answer: every gap above it, up to
     /// `MMAP_BASE`, lies in the zone too, whose index holds every VMA that
     /// touches it.
-    fn placed_in(&self, ctx: &Ctx<'_>, z: usize, len: u64, high: Option<u64>) -> Option<(MapWrite<'_>, u64)> {
+    pub(super) fn placed_in(
+        &self,
+        ctx: &Ctx<'_>,
+        z: usize,
+        len: u64,
+        high: Option<u64>,
+    ) -> Option<(MapWrite<'_>, u64)> {
         let top = self.zones.end_of(z).saturating_sub(crate::types::PAGE_SIZE + super::stack::STACK_GUARD_GAP);
         // A `high` above the top would be a lower answer than the one asked for.
         let high = match high {
@@ -411,7 +418,7 @@ impl Space {
         if map.tree(z).is_none_or(|t| t.crossing != 0) {
             return None;
         }
-        let low = self.zones.start_of(z) + crate::types::PAGE_SIZE;
+        let low = (self.zones.start_of(z) + crate::types::PAGE_SIZE).max(crate::types::MMAP_MIN_ADDR);
         let start = super::layout::top_down(&map, len, low, high)?;
         Some((map, start))
     }

@@ -363,6 +363,12 @@ impl Drop for MapWrite<'_> {
             if publish && changed[i / 64] & (1 << (i % 64)) != 0 {
                 let old = s.zones.zone(z).snapshot.replace(&s.vm.m.rcu, tree.snapshot());
                 let mut retired = rank::lock(&mine.retired, Rank::Leaf);
+                if retired.capacity() == 0 {
+                    // At this slot's first change in the space (not one
+                    // per slot at the space's making: fork1 and exec1 make
+                    // a space per loop).
+                    retired.reserve(RETIRED_ROOM);
+                }
                 retired.push(old);
                 mine.snap_zones.fetch_or(1u64 << (z % 64), std::sync::atomic::Ordering::Relaxed);
                 mine.pending.store(true, std::sync::atomic::Ordering::Relaxed);

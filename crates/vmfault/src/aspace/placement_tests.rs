@@ -50,3 +50,19 @@ fn an_unhinted_mmap_takes_its_own_zone_only_while_another_vcpu_is_in_flight() {
     // This vCPU's own operations never count against it.
     assert_eq!(map(&space), first - 2 * LEN);
 }
+
+#[test]
+fn a_search_under_a_zone_lock_stays_above_mmap_min_addr() {
+    use crate::types::{MMAP_MIN_ADDR, PAGE_SIZE};
+    let vm = vm(MapLock::Zoned);
+    let space = vm.new_space().unwrap();
+    let s = &space.s;
+    // Zone 0, empty: a mapping as long as the zone's searched span would
+    // start a page above address 0, below `MMAP_MIN_ADDR`.
+    let top = s.zones.end_of(0) - PAGE_SIZE - super::stack::STACK_GUARD_GAP;
+    s.vm.with_ctx(|ctx| {
+        assert!(s.placed_in(ctx, 0, top - PAGE_SIZE, None).is_none(), "no room above MMAP_MIN_ADDR");
+        let (_map, start) = s.placed_in(ctx, 0, top - MMAP_MIN_ADDR, None).expect("room from MMAP_MIN_ADDR");
+        assert_eq!(start, MMAP_MIN_ADDR);
+    });
+}

@@ -200,12 +200,7 @@ impl Zones {
         Zones {
             geo: Geometry { shift, n },
             zones: (0..n).map(|_| zone()).collect(),
-            cpus: (0..=slots)
-                .map(|_| {
-                    let retired = Mutex::new(Vec::with_capacity(super::RETIRED_ROOM));
-                    CachePadded(SpaceCpu { retired, ..SpaceCpu::default() })
-                })
-                .collect(),
+            cpus: (0..=slots).map(|_| CachePadded(SpaceCpu::default())).collect(),
             stacks: std::sync::atomic::AtomicBool::new(false),
             vmas: CachePadded(AtomicIsize::new(0)),
             changers: CachePadded((0..(slots + 1).div_ceil(64)).map(|_| Default::default()).collect()),
