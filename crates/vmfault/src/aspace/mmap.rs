@@ -390,12 +390,12 @@ impl Space {
     /// the records and nodes those hold: heap allocations in mmap1 at two
     /// vCPUs.)
     ///
-    /// The range keeps a page clear of the zone's start (and starts at
-    /// `MMAP_MIN_ADDR` or above), and a page and a
-    /// stack guard gap clear of its end: a change locks the zones of the
-    /// bytes beside its range, and a stack at the bottom of the zone above
-    /// (not searched) keeps its guard gap free. A gap found in Linux's
-    /// zone below `MMAP_BASE` is Linux's answer: every gap above it, up to
+    /// The range starts a page above the zone's start (and at
+    /// `MMAP_MIN_ADDR` or above) and ends a page and a stack guard gap
+    /// below its end: a change locks the zones of the bytes beside its
+    /// range, and a stack at the bottom of the zone above (not searched)
+    /// keeps its guard gap free. A gap found in Linux's zone below
+    /// `MMAP_BASE` is Linux's answer: every gap above it, up to
     /// `MMAP_BASE`, lies in the zone too, whose index holds every VMA that
     /// touches it.
     pub(super) fn placed_in(
