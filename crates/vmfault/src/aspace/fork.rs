@@ -175,7 +175,9 @@ impl Space {
         drop(heap_held);
         // Nobody else reaches the child yet.
         *rank::lock(&child.s.heap, Rank::Heap) = heap;
-        self.finish(ctx, Gather { frames, ..Gather::default() });
+        let mut g = Gather::default();
+        g.frames.append(&mut frames);
+        self.finish(ctx, g);
         Absorbed::release(absorbed, &m.rcu);
         drop(replaced);
         Ok(())
