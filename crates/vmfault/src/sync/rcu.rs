@@ -909,8 +909,15 @@ mod tests {
         std::thread::scope(|s| {
             s.spawn(move || {
                 let inside = rcu.read_lock(&r1);
+                let started = rcu.gp_started.load(Ordering::SeqCst);
                 entered_tx.send(()).unwrap();
-                std::thread::sleep(std::time::Duration::from_millis(30));
+                // Ends only once the waiter has started its grace period,
+                // which must then see this section end (or after 10 s, so
+                // that a waiter that starts none fails instead of hanging).
+                let limit = std::time::Instant::now() + std::time::Duration::from_secs(10);
+                while rcu.gp_started.load(Ordering::SeqCst) == started && std::time::Instant::now() < limit {
+                    std::thread::yield_now();
+                }
                 ended.store(true, std::sync::atomic::Ordering::SeqCst);
                 drop(inside);
             });
