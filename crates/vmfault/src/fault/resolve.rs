@@ -373,7 +373,11 @@ pub(super) fn commit_locked(
     // unmapping) is not mapped again: it may be gone once the section
     // ends. The daemon set `BLOCKED` before it took this PTE lock to clear
     // the PTEs, so either we see it here or our PTE is cleared after us.
-    if pfn != phys.zero_pfn() {
+    // A page this fault inserted cannot be: a removal finds it through
+    // its object only after our insert, and its walk of this PTE waits
+    // for the lock we hold (the insert also set its reference mark).
+    let inserted = matches!(resolved, Resolved::ZeroFill | Resolved::Copied);
+    if pfn != phys.zero_pfn() && !inserted {
         let page = phys.page(pfn);
         if page.refs.is_blocked() {
             return Resolved::Retry;

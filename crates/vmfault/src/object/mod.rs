@@ -370,6 +370,10 @@ impl Object {
                 desc.object.store(self.id, Ordering::Relaxed);
                 desc.pindex.store(pindex, Ordering::Relaxed);
                 desc.refs.set_objref();
+                // Its first access is the fault that inserts it: the
+                // reference mark a real MMU would set (`commit_locked`
+                // does not look the new page up again to set it).
+                desc.touch();
                 if queued {
                     PageQueues::mark(desc, Queue::Active);
                 }
