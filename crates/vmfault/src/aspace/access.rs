@@ -190,14 +190,15 @@ impl Space {
         mut copy: impl FnMut(Pfn, usize, usize, usize),
     ) -> Result<()> {
         let phys = &ctx.env.phys;
-        let hint = &self.zones.cpus[ctx.index.min(self.zones.cpus.len() - 1)].leaf_hint;
+        let cpu = self.cpu(ctx);
+        let hint = &cpu.leaf_hint;
         let mut done = 0usize;
         while done < len {
             let a = addr.saturating_add(done as u64);
             if a >= TASK_SIZE {
                 // Beyond the user address space: no page table to walk.
                 ctx.count(Counter::faults);
-                self.count_fault(ctx);
+                cpu.count_fault();
                 ctx.count(Counter::segv);
                 return Err(Error::Segv { addr: a, code: SegvCode::MapErr });
             }
@@ -220,7 +221,9 @@ impl Space {
                 Err(missed) => {
                     // The fault goes on in this section (or ends it first).
                     let looked = Some(fault::Looked { section, missed });
-                    fault::handle_looked(ctx, self, op, a, access, looked, |pfn| copy(pfn, off, done, n))?;
+                    // By value: locals a closure borrows live in memory.
+                    let copy = &mut copy;
+                    fault::handle_looked(ctx, self, cpu, op, a, access, looked, move |pfn| copy(pfn, off, done, n))?;
                 }
             }
             done += n;

@@ -75,7 +75,7 @@ pub use hold::PageHold;
 pub use stack::{STACK_GUARD_GAP, STACK_LIMIT};
 pub use usage::{FileRange, MappingUsage};
 use vma::{Lookup, Snapshot, SnapshotRef, Vma, VmaFlags, VmaIndex, VmaTree};
-pub(crate) use zones::{HeldView, MapHeld, MapRead, Zones};
+pub(crate) use zones::{HeldView, MapHeld, MapRead, SpaceCpu, Zones};
 
 /// Retired snapshots that make an operation wait for a grace period.
 const SNAPSHOT_BACKLOG: usize = 32;
@@ -461,9 +461,13 @@ impl Space {
     /// Count a fault in this space on the caller's vCPU slot.
     #[inline]
     pub(crate) fn count_fault(&self, ctx: &Ctx<'_>) {
-        let c = &self.zones.cpus[ctx.index.min(self.zones.cpus.len() - 1)].faults;
-        // One writer per slot (its holder): no locked instruction.
-        c.store(c.load(std::sync::atomic::Ordering::Relaxed) + 1, std::sync::atomic::Ordering::Relaxed);
+        self.cpu(ctx).count_fault();
+    }
+
+    /// The caller's vCPU slot of this space.
+    #[inline]
+    pub(crate) fn cpu(&self, ctx: &Ctx<'_>) -> &SpaceCpu {
+        &self.zones.cpus[ctx.index.min(self.zones.cpus.len() - 1)]
     }
 
     /// This space's id: its address (unique while it lives), which names

@@ -120,6 +120,15 @@ pub(crate) struct SpaceCpu {
     pub(super) faults: std::sync::atomic::AtomicU64,
 }
 
+impl SpaceCpu {
+    /// Count a fault in the space on this slot (its holder's).
+    #[inline]
+    pub(crate) fn count_fault(&self) {
+        // One writer per slot (its holder): no locked instruction.
+        self.faults.store(self.faults.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    }
+}
+
 /// Where the zones lie: `n` zones of `2^shift` bytes (one, of everything,
 /// when `n` is 1).
 #[derive(Debug, Clone, Copy)]

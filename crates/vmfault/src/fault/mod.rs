@@ -43,7 +43,7 @@ mod resolve;
 mod speculative;
 mod vma_lock;
 
-use crate::aspace::Space;
+use crate::aspace::{Space, SpaceCpu};
 use crate::config::FaultPath;
 use crate::error::{Error, Op, Result, SegvCode};
 use crate::machine::Ctx;
@@ -229,22 +229,27 @@ pub(crate) fn handle(
     access: Access,
     f: impl FnMut(Pfn),
 ) -> Result<()> {
+    space.count_fault(ctx);
     handle_fault(ctx, space, Fault { addr, access, op, force: false, grows: false }, None, f)
 }
 
 /// [`handle`], for an access's fault that the software MMU found
 /// (`looked`: inside its section, which is this vCPU's only one); it grows
-/// a stack below.
+/// a stack below. `cpu`: the caller's slot of `space`, where the fault
+/// counts.
 #[inline]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn handle_looked(
     ctx: &Ctx<'_>,
     space: &Space,
+    cpu: &SpaceCpu,
     op: Op,
     addr: u64,
     access: Access,
     looked: Option<Looked<'_>>,
     f: impl FnMut(Pfn),
 ) -> Result<()> {
+    cpu.count_fault();
     handle_fault(ctx, space, Fault { addr, access, op, force: false, grows: true }, looked, f)
 }
 
@@ -257,7 +262,6 @@ fn handle_fault(
     mut f: impl FnMut(Pfn),
 ) -> Result<()> {
     ctx.count(Counter::faults);
-    space.count_fault(ctx);
     let path = ctx.env.config.fault_path;
     let resolved = match path {
         FaultPath::Speculative => match speculative::fault(ctx, space, fault, looked, &mut f) {
