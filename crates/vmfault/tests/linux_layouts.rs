@@ -33,6 +33,18 @@ fn advise(page: u64, pages: u64, advice: i32) -> TOp {
     TOp::Madvise { off: page * P, len: pages * P, advice }
 }
 
+/// `mremap` of `pages` at `page` to `new_pages`, with raw `MREMAP_*`
+/// flags, to `new_page` (with `MREMAP_FIXED`).
+fn remap(page: u64, pages: u64, new_pages: u64, flags: i32, new_page: u64) -> TOp {
+    TOp::Mremap {
+        off: page * P,
+        old_len: pages * P,
+        new_len: new_pages * P,
+        flags: flags as u32,
+        new_off: new_page * P,
+    }
+}
+
 fn store(page: u64) -> TOp {
     TOp::Write { off: page * P + 7, len: 3, seed: page as u8 }
 }
@@ -222,5 +234,57 @@ fn mprotect_populates_locked_memory_vma_by_vma() {
         load(0, 6),
         store(2),
         load(0, 6),
+    ]);
+}
+
+const MOVE_TO: i32 = libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED;
+
+/// A part of a private mapping moved away (by copy here, into a new
+/// object) comes back whole to its first address: Linux's moved VMA kept
+/// the mapping's anon_vma, so the three merge again; here the piece goes
+/// back into the rest's object.
+#[test]
+fn a_piece_moved_away_and_back_merges_with_the_rest() {
+    check(&[map(0, 32, RW, true), store(16), remap(16, 4, 4, MOVE_TO, 40), remap(40, 4, 4, MOVE_TO, 16), load(0, 32)]);
+    // The same with the old range left mapped (MREMAP_DONTUNMAP), then
+    // unmapped before the piece comes back.
+    check(&[
+        map(0, 32, RW, true),
+        store(16),
+        remap(16, 4, 4, MOVE_TO | libc::MREMAP_DONTUNMAP, 40),
+        TOp::Munmap { off: 16 * P, len: 4 * P },
+        remap(40, 4, 4, MOVE_TO, 16),
+        load(0, 32),
+    ]);
+}
+
+/// Back at its first distance between address and page offset but not
+/// next to the rest, the piece merges once the rest grows up to it.
+#[test]
+fn a_piece_moved_back_apart_merges_when_the_rest_grows_to_it() {
+    check(&[
+        map(0, 16, RW, true),
+        store(12),
+        store(15),
+        remap(12, 4, 4, MOVE_TO, 40),
+        TOp::Munmap { off: 40 * P, len: 2 * P },
+        remap(42, 2, 2, MOVE_TO, 14),
+        remap(0, 12, 14, 0, 0),
+        load(0, 16),
+    ]);
+}
+
+/// The stack differential test's case (shrunk): a stack grown down to
+/// the window's start, a part moved with MREMAP_DONTUNMAP, and a page of
+/// that part moved back into a hole of the stack, a move that also
+/// unmaps the rest of the part (`mremap_to` shrinking it).
+#[test]
+fn a_stack_piece_moved_back_merges_with_the_stack() {
+    let stack = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_GROWSDOWN) as u32;
+    check(&[
+        map_flags(36, 12, RW, stack),
+        TOp::FetchAdd { off: 0, val: 0 },
+        remap(17, 7, 7, MOVE_TO | libc::MREMAP_DONTUNMAP, 5),
+        remap(5, 9, 1, MOVE_TO, 17),
     ]);
 }

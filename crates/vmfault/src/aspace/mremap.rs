@@ -7,7 +7,8 @@
 //! meet. A move keeps that:
 //!
 //! - A shared mapping, or a private one that moves whole and is its
-//!   object's only mapping, keeps its object at the same page offsets (an
+//!   object's only mapping (unless a relative maps at its new place, see
+//!   "Families"), keeps its object at the same page offsets (an
 //!   anonymous private VMA with no object yet takes the new address's
 //!   offsets instead, as Linux's `copy_vma` does for a VMA without an
 //!   `anon_vma`); the old range is cut out of the index without taking its
@@ -28,18 +29,26 @@
 //!   there (a page of a former neighbour, before a `fork`) shows.
 //!
 //! # Families
-//! Linux's moved VMA keeps its anon_vma, so pieces of one mapping moved
-//! apart by separate calls merge again when they come back side by side
-//! with contiguous offsets. Here the objects that pieces of a private
+//! Linux's moved VMA keeps its anon_vma (`copy_vma`, `mm/vma.c`), and
+//! VMAs with one anon_vma merge when they meet with contiguous offsets
+//! (`is_mergeable_anon_vma`), so pieces of one mapping moved apart by
+//! separate calls merge again when they come back side by side, or when
+//! one grows up to the other. Here the objects that pieces of a private
 //! anonymous object were copied to form a *family* with it (all of them
-//! Linux's one anon_vma), and a piece moved by copy goes to a member of
-//! its family rather than to a new object when one qualifies: it still
+//! Linux's one anon_vma), and VMAs merge only with the same object: the
+//! members of a family that map at one distance between address and page
+//! offset must be one object. So a piece moved by copy goes to a member
+//! of its family rather than to a new object when one qualifies: it still
 //! stands alone (no `fork` shares it, no object lies below it), and every
 //! mapping of it keeps the distance between address and page offset the
-//! piece will have. Offsets then still never meet (the piece's addresses
-//! are free, so are its offsets in that object), and the pieces merge as
-//! Linux's do. The space keeps the families as weak references
-//! (`Space::families`).
+//! piece will have (one that maps something, the pieces it will merge
+//! with, before one that maps nothing). And a mapping that moves whole
+//! and alone, which would keep its object, moves by copy into such a
+//! member instead when one maps something at its new distance (a piece
+//! moved away and then back to where it came from). Offsets then still
+//! never meet (the piece's addresses are free, so are its offsets in that
+//! object), and the pieces merge as Linux's do. The space keeps the
+//! families as weak references (`Space::families`).
 //!
 //! A grown shared anonymous mapping keeps its object's size: its pages
 //! beyond are SIGBUS, as on Linux (`Object::pages`).
@@ -137,7 +146,9 @@ impl AddressSpace {
     /// move by copy fails, the old mapping stays as it was but unlocked.
     ///
     /// A move of part of a private mapping, or of one whose object other
-    /// mappings share, copies its private pages (see the module docs): it
+    /// mappings share, or of a whole one back to where another piece of
+    /// the mapping it was moved out of keeps its page offsets, copies its
+    /// private pages (see the module docs): it
     /// needs memory for both copies until the old range goes, breaks the
     /// sharing with the other side of a `fork`, and runs after the map lock
     /// is dropped, so another vCPU's change of either range meanwhile is
@@ -455,14 +466,16 @@ impl Change<'_, '_> {
     /// mappings share: here pages live in their object at their page
     /// offset, so the moved part cannot keep the object (its offsets would
     /// meet its siblings' when either grows, or when a new mapping at the
-    /// old address takes the object over). It gets a new object (a fresh
-    /// anonymous one, or a fresh copy-on-write shadow of the file), so that
-    /// it merges as Linux's moved VMA, which keeps its anon_vma, would; the
-    /// call copies the private pages into it once the map lock is dropped
-    /// (`copy_resident`; a page in swap is read back for it), then unmaps
-    /// the old range. What was mapped and is not copied (the zero page, a
-    /// file's own page) is faulted in at the new place. Costs a copy, and
-    /// the sharing with the other side of a `fork`.
+    /// old address takes the object over). It gets another object: `kin`
+    /// if given (a relative the whole mapping goes to, see "Families"),
+    /// else a relative or a new object (a fresh anonymous one, or a fresh
+    /// copy-on-write shadow of the file), so that it merges as Linux's
+    /// moved VMA, which keeps its anon_vma, would; the call copies the
+    /// private pages into it once the map lock is dropped
+    /// (`AddressSpace::copy_pages`; a page in swap is read back for it),
+    /// then unmaps the old range. What was mapped and is not copied (the
+    /// zero page, a file's own page) is faulted in at the new place. Costs
+    /// a copy, and the sharing with the other side of a `fork`.
     fn copy_to(
         &mut self,
         vma: &Arc<Vma>,
@@ -470,10 +483,11 @@ impl Change<'_, '_> {
         old_len: u64,
         new_len: u64,
         to: u64,
-        pgoff: u64,
+        kin: Option<Arc<Object>>,
     ) -> Result<Remapped> {
         let (ctx, phys) = (self.ctx, &self.ctx.env.phys);
         let o = vma.object.get().expect("copied moves are of mappings with objects");
+        let pgoff = vma.pindex(addr);
         let file = {
             let section = ctx.rcu_read();
             o.file_of(&section)
@@ -483,7 +497,7 @@ impl Change<'_, '_> {
             Some((_, new)) => new.clone(),
             None => {
                 let distance = to.wrapping_sub(pgoff << PAGE_SHIFT);
-                let new = match self.relative(o, distance) {
+                let new = match kin.or_else(|| self.relative(o, distance, false)) {
                     Some(r) => r,
                     None => {
                         let fresh = match &file {
@@ -562,8 +576,10 @@ impl Change<'_, '_> {
     /// An object of `o`'s family (see "Families") that a piece of `o`
     /// moved now to `distance` between address and page offset may go to:
     /// one that still stands alone, every mapping of which keeps that
-    /// distance.
-    fn relative(&self, o: &Arc<Object>, distance: u64) -> Option<Arc<Object>> {
+    /// distance. One that maps something (at that distance, then: the
+    /// pieces the moved one may merge with) comes before one that maps
+    /// nothing, which only `mapped` false accepts.
+    fn relative(&self, o: &Arc<Object>, distance: u64, mapped: bool) -> Option<Arc<Object>> {
         let mut family: Vec<Arc<Object>> = {
             let families = rank::lock(&self.space.families, Rank::Leaf);
             let mine = families.iter().find(|f| f.iter().any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(o))));
@@ -571,14 +587,29 @@ impl Change<'_, '_> {
         };
         let chosen = {
             let section = self.ctx.rcu_read();
-            family.iter().position(|r| {
-                !Arc::ptr_eq(r, o)
-                    && r.stands_alone(&section)
-                    && self.map.iter().all(|v| {
-                        v.object.get().is_none_or(|w| !Arc::ptr_eq(w, r))
-                            || v.start.wrapping_sub(v.pgoff << PAGE_SHIFT) == distance
-                    })
-            })
+            // Whether `r` may take the piece: if so, whether it maps
+            // something.
+            let fits = |r: &Arc<Object>| {
+                if Arc::ptr_eq(r, o) || !r.stands_alone(&section) {
+                    return None;
+                }
+                let mut its = self.map.iter().filter(|v| v.object.get().is_some_and(|w| Arc::ptr_eq(w, r))).peekable();
+                let maps = its.peek().is_some();
+                its.all(|v| v.start.wrapping_sub(v.pgoff << PAGE_SHIFT) == distance).then_some(maps)
+            };
+            let mut unmapped = None;
+            let mut found = None;
+            for (i, r) in family.iter().enumerate() {
+                match fits(r) {
+                    Some(true) => {
+                        found = Some(i);
+                        break;
+                    }
+                    Some(false) if !mapped && unmapped.is_none() => unmapped = Some(i),
+                    _ => {}
+                }
+            }
+            found.or(unmapped)
         };
         // The others are dropped here, after the section: one may be the
         // last reference to its object, whose end may wait for a grace
@@ -661,7 +692,14 @@ impl Change<'_, '_> {
             let alone =
                 self.map.iter().all(|v| Arc::ptr_eq(v, vma) || !v.object.get().is_some_and(|w| Arc::ptr_eq(w, o)));
             if !(whole && alone) {
-                return self.copy_to(vma, addr, old_len, new_len, to, pgoff);
+                return self.copy_to(vma, addr, old_len, new_len, to, None);
+            }
+            // Linux's moved VMA keeps its anon_vma, so it merges with the
+            // other pieces of its mapping that keep the page offsets the
+            // move gives it: if a relative maps at the new distance, the
+            // mapping goes to it (see "Families").
+            if let Some(kin) = self.relative(o, to.wrapping_sub(pgoff << PAGE_SHIFT), true) {
+                return self.copy_to(vma, addr, old_len, new_len, to, Some(kin));
             }
             // Offsets past the old end: nothing of what lies below shows.
             let end = vma.pindex(vma.end);

@@ -12,7 +12,10 @@
 //! and so do we, with the same rule (checked against the host kernel by the
 //! differential test): same protection and flags, contiguous page offsets,
 //! and the same object, where a private VMA that has no object yet is
-//! compatible with any (Linux: `is_mergeable_anon_vma`).
+//! compatible with any (Linux: `is_mergeable_anon_vma`). Linux's pieces
+//! of one mapping moved apart by `mremap` keep its one anon_vma; here
+//! those that keep one distance between address and page offset share
+//! one object (`mremap.rs`, "Families"), so the same rule holds.
 //!
 //! The index is keyed by each VMA's end, so the first entry above `addr`
 //! is the first VMA ending above `addr`, Linux's `find_vma`. It is a
