@@ -91,7 +91,7 @@ pub(super) fn page<'p>(
     // A slot is reserved exactly when this fault may allocate (no fault
     // here is forced: `allowed_in` is the protection's test above).
     let allowed = slot.is_some();
-    let fresh =
-        resolve::new_page(ctx, frames, vma, object, pindex, found, fault, slot, allowed).map_err(|_| Abort::NoMem)?;
+    let fresh = resolve::new_page(ctx, frames, Some(section), vma, object, pindex, found, fault, slot, allowed)
+        .map_err(|_| Abort::NoMem)?;
     Ok(Prepared { pindex, found, fresh: resolve::filled(frames, fresh, found, fault.addr) })
 }

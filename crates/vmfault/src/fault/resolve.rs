@@ -36,6 +36,7 @@ use crate::object::{Found, Insert, Object, Pv, Slot};
 use crate::phys::{Frames, OwnedFrame, Pfn};
 use crate::pmap::{Leaf, Pmap, Pte};
 use crate::stats::Counter;
+use crate::sync::rcu::RcuReadGuard;
 use crate::sync::spin::WordGuard;
 use crate::types::{Access, PAGE_SHIFT, PAGE_SIZE, Prot};
 
@@ -117,7 +118,7 @@ pub(super) fn resolve_stable(
     // the cost of a copy-on-write fault.)
     let copy_below = matches!(found, Found::Below(_)) && fault.access == Access::Write;
     let allowed = may_allocate(ctx, vma, &fault) && fault.allowed_in(vma);
-    let fresh = new_page(ctx, &frames, vma, object, pindex, found, &fault, None, allowed).map_err(|lack| {
+    let fresh = new_page(ctx, &frames, None, vma, object, pindex, found, &fault, None, allowed).map_err(|lack| {
         if lack == Lack::Frame {
             ctx.count(Counter::fault_nomem);
         }
@@ -233,12 +234,15 @@ impl Lack {
 /// caller looked; `slot`, the object's slot for `pindex` if the caller
 /// has reserved it already; `allowed`, whether this fault may allocate in
 /// `vma` at all ([`may_allocate`] and [`Fault::allowed_in`], which the
-/// caller has worked out already).
+/// caller has worked out already); `section`, the caller's open section
+/// if it runs in one (the frame then comes from the vCPU's cache only:
+/// `Frames::alloc_in`).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub(super) fn new_page<'p>(
     ctx: &Ctx<'_>,
     frames: &Frames<'p>,
+    section: Option<&RcuReadGuard<'_>>,
     vma: &Vma,
     object: Option<&Arc<Object>>,
     pindex: u64,
@@ -264,8 +268,11 @@ pub(super) fn new_page<'p>(
         Some(s) => s,
         None => o.reserve(frames, pindex, &ctx.own.index_hint).map_err(|_| Lack::Index)?,
     };
-    let frame = frames.alloc().ok_or(Lack::Frame)?;
-    Ok(Some(Fresh { frame, slot }))
+    let frame = match section {
+        Some(s) => frames.alloc_in(s),
+        None => frames.alloc(),
+    };
+    Ok(Some(Fresh { frame: frame.ok_or(Lack::Frame)?, slot }))
 }
 
 /// Fill the frame of [`new_page`] (the bulk of a fault's work): a copy of

@@ -30,7 +30,7 @@ use super::{Kind, OwnedFrame, Pfn, PhysMem, Retired, kind_counters};
 use crate::stats::{Counter, CounterSet};
 use crate::sync::atomic::Ordering;
 use crate::sync::percpu::Magazine;
-use crate::sync::rcu::{Rcu, RcuReader};
+use crate::sync::rcu::{Rcu, RcuReadGuard, RcuReader};
 use crate::types::PAGE_SIZE;
 
 /// Sizes of the per-CPU caches.
@@ -76,9 +76,11 @@ impl<'a> Frames<'a> {
         self.phys
     }
 
-    /// One allocation attempt: the magazine, refilled on a miss.
+    /// One allocation attempt: the magazine, refilled on a miss; inside
+    /// `section` if given (the calling vCPU's open section, which then
+    /// covers the magazine's use: `PerCpuCache::local_in`).
     #[inline(always)]
-    fn alloc_once(&self) -> Option<u32> {
+    fn alloc_once(&self, section: Option<&RcuReadGuard<'_>>) -> Option<u32> {
         let phys = self.phys;
         let (Some(cpu), Some(pcp)) = (&self.cpu, &phys.pcp) else {
             return phys.free.take_one(&phys.pages);
@@ -86,13 +88,17 @@ impl<'a> Frames<'a> {
         // Frames taken off this vCPU's deferred list stay in transit until
         // `local` has published the magazine's new length (a drain reads it).
         let mut moving = None;
-        let got = pcp.local(cpu.rcu, cpu.reader, |m| match m.pop() {
+        let take = |m: &mut Magazine<u32>| match m.pop() {
             Some(p) => {
                 cpu.counters.inc(Counter::pcp_hit);
                 Some(p)
             }
             None => self.refill(cpu, m, &mut moving),
-        });
+        };
+        let got = match section {
+            Some(s) => pcp.local_in(s, take),
+            None => pcp.local(cpu.rcu, cpu.reader, take),
+        };
         drop(moving);
         got
     }
@@ -141,7 +147,22 @@ impl<'a> Frames<'a> {
     /// page daemon (`reclaim`); neither inside a read-side section.
     #[inline(always)]
     pub(crate) fn alloc(&self) -> Option<OwnedFrame<'a>> {
-        let f = match self.alloc_once() {
+        self.alloc_maybe_in(None)
+    }
+
+    /// [`alloc`](Frames::alloc) inside `section`, the calling vCPU's open
+    /// read-side section (a fault's): its magazine is used under that
+    /// section, with none of its own. Only the magazine is tried: what
+    /// needs a grace period (a drain) cannot run inside a section.
+    #[inline(always)]
+    pub(crate) fn alloc_in(&self, section: &RcuReadGuard<'_>) -> Option<OwnedFrame<'a>> {
+        self.alloc_maybe_in(Some(section))
+    }
+
+    /// [`alloc`](Frames::alloc), inside `section` if given.
+    #[inline(always)]
+    fn alloc_maybe_in(&self, section: Option<&RcuReadGuard<'_>>) -> Option<OwnedFrame<'a>> {
+        let f = match self.alloc_once(section) {
             Some(p) => OwnedFrame::new(self.phys, Pfn(p)),
             None => self.find_frame()?,
         };
@@ -160,7 +181,7 @@ impl<'a> Frames<'a> {
         // Even a drain that found nothing may find frames a concurrent
         // drain (the daemon's) had taken out of the caches: it waited for it.
         self.phys.drain_pcpu(cpu.rcu);
-        if let Some(p) = self.alloc_once() {
+        if let Some(p) = self.alloc_once(None) {
             return Some(OwnedFrame::new(self.phys, Pfn(p)));
         }
         // free_path=deferred: frames another thread has taken off a
@@ -174,7 +195,7 @@ impl<'a> Frames<'a> {
                 placements = d.placements();
                 std::thread::yield_now();
                 self.phys.drain_pcpu(cpu.rcu);
-                if let Some(p) = self.alloc_once() {
+                if let Some(p) = self.alloc_once(None) {
                     return Some(OwnedFrame::new(self.phys, Pfn(p)));
                 }
             }
@@ -186,9 +207,9 @@ impl<'a> Frames<'a> {
         // What a pass frees may land in another vCPU's cache first (its
         // miss takes a batch): look there too before waiting again.
         let retry = || {
-            self.alloc_once().or_else(|| {
+            self.alloc_once(None).or_else(|| {
                 self.phys.drain_pcpu(cpu.rcu);
-                self.alloc_once()
+                self.alloc_once(None)
             })
         };
         self.phys.doorbell.wait_for(retry).map(|p| OwnedFrame::new(self.phys, Pfn(p)))

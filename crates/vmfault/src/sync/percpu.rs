@@ -38,7 +38,7 @@
 
 use super::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use super::cell::UnsafeCell;
-use super::rcu::{Rcu, RcuReader};
+use super::rcu::{Rcu, RcuReadGuard, RcuReader};
 use super::{CachePadded, Mutex};
 
 /// A vCPU's stack of cached items, newest on top.
@@ -226,11 +226,29 @@ impl<T> PerCpuCache<T> {
     /// section. Panics if `reader` is not one of this cache's `Rcu`, or on
     /// re-entry from `f`.
     #[inline(always)]
-    #[allow(unsafe_code)]
     pub fn local<R>(&self, rcu: &Rcu, reader: &RcuReader, f: impl FnOnce(&mut Magazine<T>) -> R) -> R {
         assert!(rcu.id() == self.rcu_id && reader.belongs_to(rcu), "reader of another Rcu");
-        let slot = &self.cpus[reader.index()];
         let _section = rcu.read_lock(reader);
+        self.local_held(reader, f)
+    }
+
+    /// [`local`](PerCpuCache::local) inside `section`, the calling
+    /// thread's open section (of this cache's `Rcu`), which then covers
+    /// the magazine's use too: no section of its own.
+    #[inline(always)]
+    pub fn local_in<R>(&self, section: &RcuReadGuard<'_>, f: impl FnOnce(&mut Magazine<T>) -> R) -> R {
+        assert!(section.rcu().id() == self.rcu_id, "a section of another Rcu");
+        self.local_held(section.reader(), f)
+    }
+
+    /// The body of [`local`](PerCpuCache::local).
+    ///
+    /// # Preconditions
+    /// - `reader`, of this cache's `Rcu`, is inside a read-side section.
+    #[inline(always)]
+    #[allow(unsafe_code)]
+    fn local_held<R>(&self, reader: &RcuReader, f: impl FnOnce(&mut Magazine<T>) -> R) -> R {
+        let slot = &self.cpus[reader.index()];
         assert!(!slot.busy.load(Ordering::Relaxed), "PerCpuCache::local re-entered");
         slot.busy.store(true, Ordering::Relaxed);
         // Acquire pairs with the Release swap in `drain_all`: the spare it

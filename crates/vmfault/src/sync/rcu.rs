@@ -825,6 +825,20 @@ impl<T> std::fmt::Debug for RcuArc<T> {
     }
 }
 
+impl<'a> RcuReadGuard<'a> {
+    /// The `Rcu` of this section.
+    #[inline]
+    pub fn rcu(&self) -> &'a Rcu {
+        self.rcu
+    }
+
+    /// The reader inside this section (the calling thread's).
+    #[inline]
+    pub fn reader(&self) -> &'a RcuReader {
+        self.reader
+    }
+}
+
 impl Drop for RcuReadGuard<'_> {
     #[inline]
     fn drop(&mut self) {
