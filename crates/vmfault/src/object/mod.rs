@@ -334,15 +334,45 @@ impl Object {
     /// Insert a filled page at the index of `slot` (reserved in this
     /// object). Returns the page now there: ours, or the one another vCPU
     /// inserted first (ours is then freed). Never fails: the slot exists.
-    #[inline]
+    ///
+    /// Inline, the usual case: no page queues, and nothing in the slot but
+    /// a hole at most (one publication); the rest, out of line.
+    #[inline(always)]
     pub(crate) fn insert(&self, frames: &Frames<'_>, slot: Slot<'_>, page: OwnedFrame) -> Insert {
-        self.insert_over(frames, slot, page, None)
+        #[cfg(debug_assertions)]
+        assert_eq!(slot.object, self.id, "a slot of object {} used for object {}", slot.object, self.id);
+        let cur = Entry::load(slot.entry, Ordering::Acquire);
+        if frames.phys().queues.is_some() || cur.pfn().is_some() || cur.slot().is_some() {
+            return self.insert_over(frames, slot, page, None);
+        }
+        let entry = Entry::page(page.pfn());
+        let describe = |desc: &crate::phys::Page| self.describe(desc, slot.pindex, false);
+        match frames.publish_into(page, Kind::Data, slot.entry, cur.bits(), entry.bits(), describe) {
+            Ok(pfn) => Insert::Ours(pfn),
+            Err((back, _)) => self.insert_over(frames, slot, back, None),
+        }
+    }
+
+    /// Describe `desc`, a frame about to be published as this object's
+    /// page at `pindex` (`queued`: onto the page queues, active).
+    #[inline(always)]
+    fn describe(&self, desc: &crate::phys::Page, pindex: u64, queued: bool) {
+        desc.object.store(self.id, Ordering::Relaxed);
+        desc.pindex.store(pindex, Ordering::Relaxed);
+        desc.refs.set_objref();
+        // Its first access is the fault that inserts it: the reference
+        // mark a real MMU would set (`commit_locked` does not look the
+        // new page up again to set it).
+        desc.touch();
+        if queued {
+            PageQueues::mark(desc, Queue::Active);
+        }
     }
 
     /// [`insert`](Object::insert), but with `over`, only over that entry
     /// (one CAS): if the entry changed to anything but a resident page,
     /// the page is freed and `Insert::Changed` says so.
-    #[inline]
+    #[inline(never)]
     fn insert_over(&self, frames: &Frames<'_>, slot: Slot<'_>, page: OwnedFrame, over: Option<Entry>) -> Insert {
         #[cfg(debug_assertions)]
         assert_eq!(slot.object, self.id, "a slot of object {} used for object {}", slot.object, self.id);
@@ -366,18 +396,7 @@ impl Object {
             // clears the description again). Release: the page's contents
             // (zeroed or copied while it was an OwnedFrame) and its
             // descriptor are visible to whoever finds it through the index.
-            let describe = |desc: &crate::phys::Page| {
-                desc.object.store(self.id, Ordering::Relaxed);
-                desc.pindex.store(pindex, Ordering::Relaxed);
-                desc.refs.set_objref();
-                // Its first access is the fault that inserts it: the
-                // reference mark a real MMU would set (`commit_locked`
-                // does not look the new page up again to set it).
-                desc.touch();
-                if queued {
-                    PageQueues::mark(desc, Queue::Active);
-                }
-            };
+            let describe = |desc: &crate::phys::Page| self.describe(desc, pindex, queued);
             match frames.publish_into(page, Kind::Data, slot_entry, cur.bits(), entry.bits(), describe) {
                 Ok(pfn) => {
                     if queued {
