@@ -288,3 +288,42 @@ fn a_stack_piece_moved_back_merges_with_the_stack() {
         remap(5, 9, 1, MOVE_TO, 17),
     ]);
 }
+
+/// A move of several mappings with MREMAP_DONTUNMAP (Linux 6.17 on)
+/// empties each old range as its piece moves: the first piece is a part
+/// of its mapping then, so the old mapping keeps its anon_vma, even once
+/// the next piece's destination, unmapped first, cuts the rest away and
+/// leaves the old range a mapping of its own. It keeps its page offsets
+/// when it moves on, so it stays apart from untouched memory whose
+/// offsets only its address would continue.
+#[test]
+fn a_part_emptied_by_a_move_of_several_mappings_keeps_its_offsets() {
+    let dontunmap = MOVE_TO | libc::MREMAP_DONTUNMAP;
+    check(&[
+        map(0, 10, RW, true),
+        map(10, 6, R, true),
+        store(4),
+        remap(9, 2, 2, dontunmap, 7),
+        map(30, 4, RW, true),
+        remap(9, 1, 1, MOVE_TO, 29),
+        load(29, 5),
+    ]);
+}
+
+/// The stack differential test's case (shrunk): a locked part of a grown
+/// stack and a page of the stack moved with MREMAP_DONTUNMAP to just
+/// below them, which cuts the locked part's old range off; that range,
+/// moved again with the rest, keeps its offsets and stays apart from the
+/// stack's top.
+#[test]
+fn a_stack_part_emptied_by_a_move_of_several_mappings_stays_apart() {
+    let stack = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_GROWSDOWN) as u32;
+    let dontunmap = MOVE_TO | libc::MREMAP_DONTUNMAP;
+    check(&[
+        map_flags(36, 12, RW, stack),
+        load(0, 1),
+        TOp::Mlock { off: 15 * P, len: 13 * P },
+        remap(27, 2, 2, dontunmap, 25),
+        remap(16, 12, 12, dontunmap, 33),
+    ]);
+}

@@ -24,6 +24,13 @@
 //!   `VM_LOCKED`, without its object if a private one moved whole (Linux
 //!   unlinks its anon_vma) and, after a move by copy, with holes where the
 //!   copied pages were, so that private memory there reads as zeros.
+//!   Whole means whole when it moved: Linux empties each old mapping of a
+//!   move of several mappings as its piece moves, so a part keeps its
+//!   anon_vma (and its page offsets, should it move on) even when the
+//!   next piece's destination, unmapped first, cuts the rest of its
+//!   mapping away; here a move by copy empties it only once every piece
+//!   has moved and the map lock is dropped, so it records which it was
+//!   (`CopyMove::whole`).
 //! - A private mapping that grows (in place or moving) gets holes over
 //!   the new offsets in its object, so that nothing an object below holds
 //!   there (a page of a former neighbour, before a `fork`) shows.
@@ -95,6 +102,9 @@ struct CopyMove {
     pages: Vec<u64>,
     /// `MREMAP_DONTUNMAP`: the old range stays mapped, emptied, instead.
     dontunmap: bool,
+    /// The old range was its whole mapping when it moved: emptied, it
+    /// starts over without its object (see `Space::emptied`).
+    whole: bool,
     /// The old range's object and the page offset of its start.
     source: (Arc<Object>, u64),
 }
@@ -326,7 +336,12 @@ impl Space {
             // A whole private anonymous mapping starts over without its
             // object, as Linux unlinks its anon_vma; a part keeps it, and
             // so does a private file mapping's (its holes show the file).
-            let whole = vma.start == addr && vma.end == addr + len;
+            // Whole when it moved, as Linux empties each old mapping as
+            // its piece moves: a later piece of a several-mapping move
+            // may have cut the rest away since (its destination unmapped
+            // first), and one may have merged with it (it keeps its
+            // object then, the moved piece's too).
+            let whole = copy.whole && vma.start == addr && vma.end == addr + len;
             let goes = whole && !vma.flags.intersects(VmaFlags::SHARED | VmaFlags::FILE);
             change.empty(&vma, addr, len, true, if goes { None } else { vma.object.get().cloned() });
             Ok(())
@@ -542,7 +557,8 @@ impl Change<'_, '_> {
             self.unlock_old(addr);
         }
         let source = (o.clone(), vma.pindex(addr));
-        let copy = CopyMove { from: addr, old_len, to, new_len, pages, dontunmap: self.dontunmap, source };
+        let whole = vma.start == addr && vma.end == addr + old_len;
+        let copy = CopyMove { from: addr, old_len, to, new_len, pages, dontunmap: self.dontunmap, whole, source };
         Ok(Remapped { addr: to, present, locked, copies: vec![copy] })
     }
 
