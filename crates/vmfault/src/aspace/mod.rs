@@ -45,6 +45,7 @@ mod spares;
 mod stack;
 mod usage;
 pub(crate) use rmap::unmap_everywhere_unlocked;
+pub(crate) use spares::stock as stock_spares;
 pub use view::{HostFault, HostFaultHandler, HostView};
 mod view;
 pub(crate) mod vma;

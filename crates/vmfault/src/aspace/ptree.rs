@@ -46,6 +46,13 @@ pub(crate) struct Node<V> {
     right: Link<V>,
 }
 
+impl<V> Node<V> {
+    /// An empty node, for a stock of spares (`aspace/spares.rs`).
+    pub(crate) fn spare() -> Node<V> {
+        Node { key: 0, prio: 0, val: None, left: None, right: None }
+    }
+}
+
 /// Where the nodes of a tree of `Self` come from: a spare node to reuse
 /// (held by nobody else, empty: taken apart by [`recycle`]), or none, and
 /// the tree allocates one.

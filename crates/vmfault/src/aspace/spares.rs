@@ -35,12 +35,38 @@
 //!
 //! A thread that finds the depot empty marks it hungry
 //! ([`Shelf::hungry`]), and the next thread to keep a spare while it holds
-//! [`HAND_OVER`] hands its list over then, not once it holds [`KEEP`]:
+//! a multiple of [`HAND_OVER`] hands its list over then, not once it holds
+//! [`KEEP`]:
 //! otherwise the thread that frees what another allocates sat on up to a
 //! magazine while the other allocated as many from the heap (at each
 //! bench round's new threads, and whenever the flow turned: mmap1 at two
 //! vCPUs made 282 to 2,504 heap allocations in 9 rounds, 17 to 88 with
 //! the hand-over).
+//!
+//! # The stock
+//! A thread that becomes a vCPU (`Vm::attach`) starts with a full list of
+//! each kind ([`stock`]): the depot's magazines first (what departed
+//! threads left), new records and nodes for the rest. Before, a process's
+//! spares grew one heap allocation at a time, and only when a vCPU ran
+//! dry. When one vCPU frees what the other makes (mmap1 at two vCPUs, a
+//! record retired by one vCPU's change and dropped with the other's
+//! snapshot), the maker runs dry, finds the depot empty and allocates one
+//! record; the freer, finding the depot hungry, hands over what it holds
+//! at its next keep. The two then hold what they held before plus that
+//! one, and when the maker runs dry again the freer again holds fewer than
+//! [`KEEP`]: it never fills a magazine for the depot. So the shortage came
+//! back once per cycle, one allocation each, until the two held more than
+//! a magazine between them (some [`KEEP`] records and as many nodes in
+//! all, reached only over seconds of mmap1: 51 to 215 heap allocations in
+//! the first measured round of `bench mmap1 --threads 2 --rounds 9` in 12
+//! of 13 runs, and fewer in each round after it, as the process's spares
+//! grew). With a
+//! full list each, two vCPUs hold two magazines from the start, so the
+//! freer fills one for the depot before the maker runs dry. It costs
+//! memory, not time: a list of each kind per vCPU thread (256 records and
+//! 256 nodes, about 40 KiB), allocated at the attach, off every
+//! operation's path; a thread that ends leaves them to the depot, for the
+//! next.
 //!
 //! A thread is the unit, as it is of glibc's tcache: a vCPU is a thread
 //! (`Vm::attach`), and no thread touches another's spares, so they take
@@ -55,8 +81,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::ptree::{self, Recycle};
-use super::vma::{Snapshot, SnapshotNode, Vma};
+use super::vma::{Snapshot, SnapshotNode, Vma, VmaFlags};
 use crate::sync::rank::{self, Rank};
+use crate::types::{PAGE_SIZE, Prot};
 
 /// Spares of each kind kept per thread (a magazine's size).
 pub(crate) const KEEP: usize = 256;
@@ -64,9 +91,17 @@ pub(crate) const KEEP: usize = 256;
 /// Full magazines of each kind the depot keeps.
 const DEPOT_MAGAZINES: usize = 16;
 
+/// Spares of each kind a thread has once it is a vCPU ([`stock`]): a full
+/// list, so that two vCPUs, one freeing what the other makes, hold two
+/// magazines between them from the start (see "The stock" above).
+const STOCK: usize = KEEP;
+
 /// Spares a thread hands over at once, as a magazine, when another has
 /// found the depot empty (see [`Shelf::hungry`]).
 const HAND_OVER: usize = KEEP / 8;
+// `keep` relies on it: a length that is not a multiple of HAND_OVER is
+// below KEEP.
+const _: () = assert!(KEEP.is_multiple_of(HAND_OVER));
 
 /// Magazines that threads handed over (`[L]`: a leaf lock).
 struct Depot<T> {
@@ -81,8 +116,8 @@ struct Shelf<T> {
     /// `[L]` the magazines (a leaf lock).
     depot: Mutex<Depot<T>>,
     /// `[a]` set by a thread that found no full magazine (and allocated);
-    /// the next thread to keep a spare while it holds [`HAND_OVER`] or
-    /// more hands its list over and clears it. Without it, a thread that
+    /// the next thread whose list a keep finds at a multiple of
+    /// [`HAND_OVER`] hands it over and clears it. Without it, a thread that
     /// frees what another allocates (a record made on one vCPU, dropped
     /// with a snapshot on the other) kept up to [`KEEP`] of them while the
     /// other allocated as many from the heap: after each bench round's new
@@ -199,6 +234,41 @@ fn refill<T>(list: impl Fn(&mut Spares) -> &mut Vec<T>, shelf: &Shelf<T>) -> Opt
     .flatten()
 }
 
+/// Stock this thread's spares of each kind to [`STOCK`] (a thread that
+/// becomes a vCPU, `Vm::attach`): from the depot's magazines first, then
+/// new ones.
+pub(crate) fn stock() {
+    let record = || Arc::new(Vma::new(0, PAGE_SIZE, Prot::NONE, VmaFlags::empty(), 0, None));
+    stock_from(|s| &mut s.vmas, &VMAS, record);
+    stock_from(|s| &mut s.nodes, &NODES, || Arc::new(SnapshotNode::spare()));
+}
+
+/// [`stock`] the list that `list` picks from `shelf`, making the rest with
+/// `make`.
+fn stock_from<T>(list: impl Fn(&mut Spares) -> &mut Vec<T>, shelf: &Shelf<T>, make: impl Fn() -> T) {
+    with(|s| {
+        let l = list(s);
+        if l.len() >= STOCK {
+            return;
+        }
+        if uses_depot() {
+            let mut d = rank::lock(&shelf.depot, Rank::Leaf);
+            while l.len() < STOCK {
+                let Some(mut full) = d.full.pop() else { break };
+                let n = full.len().min(STOCK - l.len());
+                l.extend(full.drain(full.len() - n..));
+                let to = if full.is_empty() { &mut d.empty } else { &mut d.full };
+                if to.len() < DEPOT_MAGAZINES {
+                    to.push(full);
+                }
+            }
+        }
+        // New ones outside the depot's lock. (A list has room for KEEP.)
+        let missing = STOCK - l.len();
+        l.extend((0..missing).map(|_| make()));
+    });
+}
+
 /// A record holding `v`: a spare's allocation if this thread has one.
 pub(crate) fn vma(v: Vma) -> Arc<Vma> {
     match take(|s| &mut s.vmas, &VMAS) {
@@ -232,8 +302,14 @@ pub(crate) fn release_vma(mut v: Arc<Vma>) {
 fn keep<T>(item: T, list: impl Fn(&mut Spares) -> &mut Vec<T>, shelf: &Shelf<T>) {
     let extra = with(|s| {
         let l = list(s);
-        let hand_over = l.len() >= HAND_OVER && shelf.hungry.load(Ordering::Relaxed);
-        if l.len() < KEEP && !hand_over {
+        // Room up to KEEP; while a thread is hungry, a list that holds a
+        // multiple of HAND_OVER goes to it. So a length that is not a
+        // multiple needs no other test (KEEP is one, and a list never
+        // holds more), and the others go to `spill`: one test inline.
+        // (With the tests of the length against both and of the flag
+        // inline, a list past HAND_OVER, as a stocked one always is, cost
+        // mmap1 31 instructions per loop and brk1 48, at one vCPU.)
+        if !l.len().is_multiple_of(HAND_OVER) {
             l.push(item);
             None
         } else {
@@ -245,11 +321,22 @@ fn keep<T>(item: T, list: impl Fn(&mut Spares) -> &mut Vec<T>, shelf: &Shelf<T>)
     }
 }
 
-/// [`keep`] into a full list, or one to hand over: the list to the depot,
-/// an empty one back.
+/// [`keep`] at a multiple of [`HAND_OVER`]: kept if there is room and no
+/// thread is hungry, else the list to the depot, an empty one back.
 #[cold]
 #[inline(never)]
 fn spill<T>(item: T, list: impl Fn(&mut Spares) -> &mut Vec<T>, shelf: &Shelf<T>) {
+    let extra = with(|s| {
+        let l = list(s);
+        let n = l.len();
+        if n < KEEP && (n == 0 || !shelf.hungry.load(Ordering::Relaxed)) {
+            l.push(item);
+            None
+        } else {
+            Some(item)
+        }
+    });
+    let Some(Some(item)) = extra else { return };
     if !uses_depot() {
         return drop(item);
     }
@@ -310,8 +397,7 @@ pub(crate) fn counts() -> (usize, usize) {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use crate::aspace::vma::{Lookup, VmaFlags, VmaIndex, VmaTree};
-    use crate::types::Prot;
+    use crate::aspace::vma::{Lookup, VmaIndex, VmaTree};
 
     const P: u64 = crate::types::PAGE_SIZE;
 
@@ -378,7 +464,11 @@ mod tests {
     fn a_full_list_goes_to_the_depot_and_a_thread_with_none_takes_it() {
         static DEPOT: Shelf<Arc<Vma>> = Shelf::new();
         let made: Vec<usize> = std::thread::spawn(|| {
-            let records: Vec<Arc<Vma>> = (0..KEEP as u64 + 1).map(|i| record(i, i + 1)).collect();
+            // Not `record`, which takes spares from the shared depot (where
+            // the threads of other tests leave theirs): this thread's list
+            // stays empty until the keeps below.
+            let new = |i: u64| Arc::new(Vma::new(i * P, (i + 1) * P, Prot::READ, VmaFlags::empty(), i, None));
+            let records: Vec<Arc<Vma>> = (0..KEEP as u64 + 1).map(new).collect();
             let ptrs = records.iter().map(|r| Arc::as_ptr(r) as usize).collect();
             for r in records {
                 keep(r, |s| &mut s.vmas, &DEPOT);
@@ -431,6 +521,95 @@ mod tests {
         let d = DEPOT.depot.lock().unwrap();
         assert_eq!(d.full.len(), 1);
         assert_eq!(d.full[0].len(), HAND_OVER + 1);
+    }
+
+    #[test]
+    fn a_thread_that_attaches_as_a_vcpu_has_a_full_list_of_each() {
+        let vm = crate::Vm::new(crate::VmConfig {
+            phys_bytes: 4 << 20,
+            cpus: 1,
+            prefault: false,
+            ..crate::VmConfig::default()
+        })
+        .unwrap();
+        std::thread::spawn(move || {
+            // Off the shared depot: all of it new.
+            NO_DEPOT.with(|n| n.set(true));
+            assert_eq!(counts(), (0, 0));
+            let _cpu = vm.attach().unwrap();
+            assert_eq!(counts(), (KEEP, KEEP), "a full list of each");
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn a_stock_takes_the_depots_spares_first() {
+        static DEPOT: Shelf<Arc<Vma>> = Shelf::new();
+        let new = |i: u64| Arc::new(Vma::new(i * P, (i + 1) * P, Prot::READ, VmaFlags::empty(), i, None));
+        let left: Vec<Arc<Vma>> = (1..=10).map(new).collect();
+        let ptrs: Vec<usize> = left.iter().map(|r| Arc::as_ptr(r) as usize).collect();
+        DEPOT.depot.lock().unwrap().full.push(left);
+        std::thread::spawn(move || {
+            stock_from(|s| &mut s.vmas, &DEPOT, || new(0));
+            assert_eq!(counts().0, STOCK);
+            let mine: Vec<usize> = with(|s| s.vmas.iter().map(|r| Arc::as_ptr(r) as usize).collect()).unwrap();
+            assert!(ptrs.iter().all(|p| mine.contains(p)), "the depot's records are in the stock");
+            let d = DEPOT.depot.lock().unwrap();
+            assert!(d.full.is_empty());
+            assert_eq!(d.empty.len(), 1, "the emptied magazine stays in the depot");
+        })
+        .join()
+        .unwrap();
+    }
+
+    /// Records one thread makes and another frees, one at a time: how
+    /// many the maker allocated (found no spare for), with both threads'
+    /// spares stocked first or not.
+    fn made_by_maker(stocked: bool, depot: &'static Shelf<Arc<Vma>>) -> u64 {
+        let new = |i: u64| Arc::new(Vma::new(i * P, (i + 1) * P, Prot::READ, VmaFlags::empty(), i, None));
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Arc<Vma>>(0);
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                if stocked {
+                    stock_from(|s| &mut s.vmas, depot, || new(0));
+                }
+                go_tx.send(()).unwrap();
+                for r in rx {
+                    keep(r, |s| &mut s.vmas, depot);
+                }
+            });
+            s.spawn(move || {
+                if stocked {
+                    stock_from(|s| &mut s.vmas, depot, || new(0));
+                }
+                go_rx.recv().unwrap();
+                let mut made = 0;
+                for i in 0..8 * KEEP as u64 {
+                    let r = take(|s| &mut s.vmas, depot).unwrap_or_else(|| {
+                        made += 1;
+                        new(i)
+                    });
+                    tx.send(r).unwrap();
+                }
+                made
+            })
+            .join()
+            .unwrap()
+        })
+    }
+
+    #[test]
+    fn a_vcpu_that_frees_what_another_makes_leaves_it_nothing_to_allocate_once_stocked() {
+        static UNSTOCKED: Shelf<Arc<Vma>> = Shelf::new();
+        static STOCKED: Shelf<Arc<Vma>> = Shelf::new();
+        // The premise: unstocked, the maker runs dry again and again, the
+        // freer never holding a full magazine to give the depot.
+        let unstocked = made_by_maker(false, &UNSTOCKED);
+        assert!(unstocked > HAND_OVER as u64, "the maker found no spare {unstocked} times");
+        // Stocked, the depot has a full magazine whenever the maker runs dry.
+        assert_eq!(made_by_maker(true, &STOCKED), 0);
     }
 
     /// Drop every version of `t`, returning how many records came back.
