@@ -165,17 +165,17 @@ impl Vm {
     /// Bind the calling thread to a free vCPU slot until the guard drops.
     ///
     /// The thread's spare VMA records and index nodes are stocked here (a
-    /// full list of each, from what departed threads left or else new), so
-    /// that its `mmap`s and `munmap`s allocate nothing from the heap from
-    /// the first: about 40 KiB per vCPU thread (README, "Disjoint
-    /// changes").
+    /// full list of each, from what departed threads left or else new), and
+    /// its reclaim buffers given their room, so that its `mmap`s and
+    /// `munmap`s allocate nothing from the heap from the first: about 40
+    /// KiB per vCPU thread (README, "Disjoint changes").
     ///
     /// Errors: [`Error::NoCpu`] when every slot is taken,
     /// [`Error::AlreadyAttached`] when this thread already holds one.
     pub fn attach(&self) -> Result<CpuGuard> {
         match self.m.cpus.attach() {
             Ok(a) => {
-                crate::aspace::stock_spares();
+                crate::aspace::stock_thread();
                 Ok(CpuGuard { vm: self.clone(), attachment: Some(a), _not_send: PhantomData })
             }
             Err(Some(cpu)) => Err(Error::AlreadyAttached { cpu }),

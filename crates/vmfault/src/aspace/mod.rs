@@ -45,7 +45,6 @@ mod spares;
 mod stack;
 mod usage;
 pub(crate) use rmap::unmap_everywhere_unlocked;
-pub(crate) use spares::stock as stock_spares;
 pub use view::{HostFault, HostFaultHandler, HostView};
 mod view;
 pub(crate) mod vma;
@@ -99,6 +98,16 @@ type AgedSnapshots = crate::sync::scratch::Scratch<Snapshot>;
 thread_local! {
     /// `[T]` the buffer of [`AgedSnapshots`].
     static AGED: std::cell::Cell<Vec<Snapshot>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// Stock the calling thread, which has become a vCPU (`Vm::attach`): its
+/// spare VMA records and index nodes ([`spares::stock`]) and the buffers
+/// its changes' reclaims take with a known room, so that none of them is
+/// first allocated in the middle of an operation.
+pub(crate) fn stock_thread() {
+    spares::stock();
+    AgedSnapshots::reserve(&AGED, RETIRED_ROOM);
+    crate::phys::deferred::reserve_thread_buffer();
 }
 
 /// Linux's default `vm.max_map_count`.

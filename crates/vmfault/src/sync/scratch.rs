@@ -1,8 +1,9 @@
 //! A thread's reusable buffer: a `Vec` taken from a thread-local and put
 //! back, emptied, when dropped, so that code which gathers a batch outside
 //! a lock (aged snapshots, aged deferred drops) allocates nothing once the
-//! buffer has grown to its largest batch. A nested use while the buffer is
-//! out gets a new one; the larger of the two is kept.
+//! buffer has grown to its largest batch (or from the start: `reserve`
+//! gives the thread's buffer its room ahead of its first use). A nested use
+//! while the buffer is out gets a new one; the larger of the two is kept.
 //!
 //! ```ignore
 //! thread_local! { static BUF: Cell<Vec<u64>> = const { Cell::new(Vec::new()) }; }
@@ -35,6 +36,16 @@ impl<T: 'static> Scratch<T> {
             s.items.reserve(room);
         }
         s
+    }
+}
+
+impl<T: 'static> Scratch<T> {
+    /// Give this thread's buffer in `home` room for `room` items now (a
+    /// thread that becomes a vCPU, `Vm::attach`), so that
+    /// [`take_with_room`](Scratch::take_with_room) finds it there instead
+    /// of allocating it at its first use, in the middle of some operation.
+    pub(crate) fn reserve(home: &'static LocalKey<Cell<Vec<T>>>, room: usize) {
+        drop(Scratch::take_with_room(home, room));
     }
 }
 
