@@ -43,8 +43,10 @@ pub struct RoundResult {
     pub line_round_trip_ns: Option<f64>,
     /// Ops done in the part of the round whose heap allocations the
     /// `heap_allocs` counter holds: after its first [`WARM_FRACTION`],
-    /// the steady state (a round's workers are new threads, whose
-    /// thread-local spares start empty). `None`: none counted.
+    /// the steady state (a round's workers are new threads: their spare
+    /// VMA records and index nodes are stocked when they attach, but
+    /// other thread-local buffers grow at their first uses). `None`: none
+    /// counted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heap_ops: Option<u64>,
 }
