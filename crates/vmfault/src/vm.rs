@@ -40,6 +40,14 @@ impl std::fmt::Debug for Attachment {
 }
 
 impl Vm {
+    /// A machine of 4 MiB and one vCPU slot, not prefaulted: what a unit
+    /// test of a vCPU thread's set-up needs.
+    #[cfg(test)]
+    pub(crate) fn small_for_tests() -> Vm {
+        Vm::new(crate::VmConfig { phys_bytes: 4 << 20, cpus: 1, prefault: false, ..crate::VmConfig::default() })
+            .expect("a 4 MiB machine")
+    }
+
     /// Build a machine: map the frame arena, set up the vCPU slots.
     pub fn new(config: VmConfig) -> Result<Vm> {
         config.validate()?;

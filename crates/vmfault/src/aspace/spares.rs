@@ -525,13 +525,7 @@ mod tests {
 
     #[test]
     fn a_thread_that_attaches_as_a_vcpu_has_a_full_list_of_each() {
-        let vm = crate::Vm::new(crate::VmConfig {
-            phys_bytes: 4 << 20,
-            cpus: 1,
-            prefault: false,
-            ..crate::VmConfig::default()
-        })
-        .unwrap();
+        let vm = crate::Vm::small_for_tests();
         std::thread::spawn(move || {
             // Off the shared depot: all of it new.
             NO_DEPOT.with(|n| n.set(true));

@@ -445,13 +445,7 @@ mod tests {
 
     #[test]
     fn a_thread_that_attaches_as_a_vcpu_has_its_drop_buffer_with_its_room() {
-        let vm = crate::Vm::new(crate::VmConfig {
-            phys_bytes: 4 << 20,
-            cpus: 1,
-            prefault: false,
-            ..crate::VmConfig::default()
-        })
-        .unwrap();
+        let vm = crate::Vm::small_for_tests();
         std::thread::spawn(move || {
             let room = || {
                 AGED.with(|c| {
