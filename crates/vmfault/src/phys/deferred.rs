@@ -444,6 +444,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[cfg_attr(miri, ignore = "a Vm reads /proc/meminfo, which Miri's isolation refuses")]
     fn a_thread_that_attaches_as_a_vcpu_has_its_drop_buffer_with_its_room() {
         let vm = crate::Vm::small_for_tests();
         std::thread::spawn(move || {
