@@ -152,8 +152,9 @@ impl<'a> Frames<'a> {
 
     /// [`alloc`](Frames::alloc) inside `section`, the calling vCPU's open
     /// read-side section (a fault's): its magazine is used under that
-    /// section, with none of its own. Only the magazine is tried: what
-    /// needs a grace period (a drain) cannot run inside a section.
+    /// section, with none of its own. The magazine and its refill only:
+    /// what needs a grace period (a drain of other caches, a wait for the
+    /// daemon) cannot run inside a section, so none is found then.
     #[inline(always)]
     pub(crate) fn alloc_in(&self, section: &RcuReadGuard<'_>) -> Option<OwnedFrame<'a>> {
         self.alloc_maybe_in(Some(section))

@@ -37,9 +37,7 @@ impl<T: 'static> Scratch<T> {
         }
         s
     }
-}
 
-impl<T: 'static> Scratch<T> {
     /// Give this thread's buffer in `home` room for `room` items now (a
     /// thread that becomes a vCPU, `Vm::attach`), so that
     /// [`take_with_room`](Scratch::take_with_room) finds it there instead
