@@ -769,7 +769,7 @@ impl PhysMem {
     /// description cleared, [`unpublish`](PhysMem::unpublish)), with the
     /// value `slot` held.
     /// Through [`Frames::publish_into`], which counts it.
-    #[inline]
+    #[inline(always)]
     fn publish_into(
         &self,
         f: OwnedFrame,

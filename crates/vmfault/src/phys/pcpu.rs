@@ -346,7 +346,7 @@ impl<'a> Frames<'a> {
     /// Publish owned frame `f` as `kind` by a compare-exchange of `slot`
     /// (`PhysMem::publish_into`), counted if it became visible; `describe`
     /// fills its descriptor first (a failed publication clears it again).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn publish_into(
         &self,
         f: OwnedFrame<'a>,

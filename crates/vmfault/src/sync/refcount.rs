@@ -92,9 +92,14 @@ impl RefCount {
 
     /// The page joins an object. Only its owner calls this, before the
     /// page is published.
+    ///
+    /// A plain store: no other transition starts from 0 (`try_hold` needs
+    /// `OBJREF`; `wire_mapped` needs a PTE, which an unpublished page has
+    /// not), so nothing can change the word between the check and it.
+    #[inline]
     pub fn set_objref(&self) {
-        let old = self.0.swap(OBJREF, Ordering::Relaxed);
-        assert_eq!(old, 0, "a page joined an object with references ({old:#x})");
+        debug_assert_eq!(self.0.load(Ordering::Relaxed), 0, "a page joined an object with references");
+        self.0.store(OBJREF, Ordering::Relaxed);
     }
 
     /// Wire a page found through a PTE, under the PTE lock: fails while a
