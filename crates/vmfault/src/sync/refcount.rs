@@ -181,7 +181,12 @@ impl RefCount {
     /// then frees it).
     #[must_use = "without wirings the page is freed"]
     pub fn release_objref(&self) -> bool {
-        let old = self.0.fetch_and(!OBJREF, Ordering::AcqRel);
+        // A subtraction, not `fetch_and`: with its result used, `fetch_and`
+        // is a load and a compare-exchange loop, two transactions on a
+        // line a teardown finds cold (the load fetches it shared, the CAS
+        // then asks for it again); `OBJREF` is set (checked below), so
+        // taking it away is clearing it, in one locked `xadd`.
+        let old = self.0.fetch_sub(OBJREF, Ordering::AcqRel);
         assert!(old & OBJREF != 0, "releasing the object reference of a page without one ({old:#x})");
         old & WIRINGS == 0
     }
