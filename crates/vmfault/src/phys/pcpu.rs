@@ -128,7 +128,13 @@ impl<'a> Frames<'a> {
         // come out first, as it would without the cache (handing the
         // batch out reversed cost page_fault1 13%): `take` yields the
         // warmest last, so it lands on top of the magazine.
-        phys.free.take(&phys.pages, phys.pcp_config.fill.min(m.capacity()), m);
+        // A run larger than the cache (`pcpu_high=auto`): the high mark
+        // grows to hold it, while memory allows.
+        let fill = phys.pcp_config.fill;
+        if fill > m.capacity() && m.can_grow() && !phys.short_of_frames() {
+            m.grow(fill);
+        }
+        phys.free.take(&phys.pages, fill.min(m.capacity()), m);
         // Frames on the deferred lists are free memory on its way back to
         // its vCPUs' caches (at their next miss, once their grace period
         // has ended): a list short only of those needs no drain of every
