@@ -377,12 +377,15 @@ pub struct VmConfig {
     ///
     /// Why runs: vCPUs that took 15 frames at a time from the address-ordered
     /// global list ended up with frames interleaved 15 by 15, and kept
-    /// reusing them. Each vCPU's hardware prefetchers, walking its own
-    /// frames' descriptors (64 bytes each, 15 to a run), ran on into the
-    /// other's, so the locked updates of a teardown found their lines
-    /// shared with the other vCPU. On two core complexes (a cache-line
-    /// round trip of ~350 ns) page_fault1 at 2 vCPUs ran 6.2M faults/s,
-    /// its teardown 16% of the time; with runs of 256, 10.2M. `bench
+    /// reusing them. On two core complexes (a cache-line round trip of
+    /// ~350 ns) page_fault1 at 2 vCPUs then ran 6.2M faults/s, 16% of its
+    /// time in the teardown, nearly all of it on the locked update of
+    /// each page's descriptor (`RefCount::release_objref`), which a
+    /// prefetch 16 pages ahead did not shorten: the lines were not slow
+    /// to come from memory but held by the other core complex. Most
+    /// likely each vCPU's hardware prefetchers, walking its own run of
+    /// descriptors (64 bytes each, 15 lines), ran on into the other's.
+    /// With runs of 256, 10.2M. `bench
     /// page_fault1 --threads 2 --rounds 24 --seconds 0.3 --no-host
     /// --compare pcpu_pages=16,256,1024` (which sets the fill with the
     /// size), rounds at ~65 ns / ~350 ns: 9.06M / 6.17M, 9.92M / 10.22M,
