@@ -372,8 +372,9 @@ pub struct VmConfig {
     /// Frames a cache miss takes from the global list in one lock
     /// acquisition; 0 (the default) means `pcpu_pages - 1` (OpenBSD's 15
     /// of 16) with `pcpu_high=fixed`, and with `auto` a run of 256
-    /// consecutive frames (the cache's high mark grows to hold it while
-    /// memory allows).
+    /// consecutive frames, or the vCPU's share of memory if less (the
+    /// cache's high mark grows to hold it, if the global list keeps its
+    /// free target after it; else the fill is `pcpu_pages - 1`).
     ///
     /// Why runs: vCPUs that took 15 frames at a time from the address-ordered
     /// global list ended up with frames interleaved 15 by 15, and kept

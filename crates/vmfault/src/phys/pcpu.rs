@@ -129,12 +129,17 @@ impl<'a> Frames<'a> {
         // batch out reversed cost page_fault1 13%): `take` yields the
         // warmest last, so it lands on top of the magazine.
         // A run larger than the cache (`pcpu_high=auto`): the high mark
-        // grows to hold it, while memory allows.
-        let fill = phys.pcp_config.fill;
-        if fill > m.capacity() && m.can_grow() && !phys.short_of_frames() {
-            m.grow(fill);
-        }
-        phys.free.take(&phys.pages, fill.min(m.capacity()), m);
+        // grows to hold it if the global list keeps its free target after
+        // it (else the usual fill: a run must not wake the daemon).
+        let fill = match phys.pcp_config.fill {
+            fill if fill <= m.capacity() => fill,
+            fill if m.can_grow() && phys.free.free_frames() >= phys.free_target + fill as u64 => {
+                m.grow(fill);
+                fill.min(m.capacity())
+            }
+            _ => m.capacity().saturating_sub(1).max(1),
+        };
+        phys.free.take(&phys.pages, fill, m);
         // Frames on the deferred lists are free memory on its way back to
         // its vCPUs' caches (at their next miss, once their grace period
         // has ended): a list short only of those needs no drain of every
