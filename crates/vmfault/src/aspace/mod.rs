@@ -347,7 +347,7 @@ pub(crate) struct Gather {
     /// where others see them, so even with `free_path=deferred` the change
     /// waits for its grace period before it returns.
     pub(crate) shared: u64,
-    /// The zones (`SpaceCpu::snap_zones` bits) of the removed VMAs that
+    /// The zones (`Seen::snap_zones` bits) of the removed VMAs that
     /// held objects, which the old snapshots keep alive (0: none).
     pub(crate) gone: u64,
 }
@@ -402,8 +402,7 @@ impl Drop for MapWrite<'_> {
                     retired.reserve(RETIRED_ROOM);
                 }
                 retired.push(old);
-                mine.snap_zones.fetch_or(1u64 << (z % 64), std::sync::atomic::Ordering::Relaxed);
-                mine.pending.store(true, std::sync::atomic::Ordering::Relaxed);
+                mine.seen.note_locked(1u64 << (z % 64));
             }
         });
         if self.added != 0 {
@@ -623,7 +622,7 @@ impl Space {
     /// `free_path=deferred`, queues the frames on this vCPU's deferred
     /// list and waits for nothing. Then it frees the snapshots whose grace
     /// period has passed (polling for one that ages them all); with
-    /// `g.gone` (the zones, as `SpaceCpu::snap_zones` bits, of the VMAs it
+    /// `g.gone` (the zones, as `Seen::snap_zones` bits, of the VMAs it
     /// removed that held objects, which the old snapshots keep alive; 0
     /// for none), or too many pending, and a poll that does not
     /// complete, it waits for one (with `free_path=deferred`, queues them on
@@ -706,7 +705,7 @@ impl Space {
                 drop(others);
             });
         }
-        let (mine, pending) = (&self.zones.cpus[slot].retired, &self.zones.cpus[slot].pending);
+        let (mine, pending) = (&self.zones.cpus[slot].retired, &self.zones.cpus[slot].seen.pending);
         let mut retired = rank::lock(mine, Rank::Leaf);
         if retired.is_empty() || (retired.len() < RECLAIM_BATCH && !objects_gone) {
             return quiet.flatten();
@@ -727,7 +726,9 @@ impl Space {
             _ => rcu.reclaim_quiescent(&mut retired, |s| done.push(s)),
         };
         if reclaimed {
-            self.zones.cpus[slot].snap_zones.store(0, std::sync::atomic::Ordering::Relaxed);
+            // (`snap_zones` keeps its bits, a superset: cleared here, it
+            // changed at every change, and every other vCPU's next look
+            // at it missed.)
             drop(retired);
             self.drop_aged(ctx, done);
             return quiet.flatten();
@@ -751,16 +752,13 @@ impl Space {
                 return quiet.flatten();
             }
             rcu.reclaim_each(&mut retired, false, |s| done.push(s));
-            if retired.is_empty() {
-                self.zones.cpus[slot].snap_zones.store(0, std::sync::atomic::Ordering::Relaxed);
-            }
             drop(retired);
             self.drop_aged(ctx, done);
             return quiet.flatten();
         }
         let mut list = std::mem::take(&mut *retired);
         pending.store(false, std::sync::atomic::Ordering::Relaxed);
-        let zones = self.zones.cpus[slot].snap_zones.swap(0, std::sync::atomic::Ordering::Relaxed);
+        let zones = self.zones.cpus[slot].seen.snap_zones.swap(0, std::sync::atomic::Ordering::Relaxed);
         drop(retired);
         if let Some(d) = &self.vm.m.phys.deferred {
             // free_path=deferred: instead of waiting, queue them (and the
@@ -789,15 +787,14 @@ impl Space {
         if !list.is_empty() {
             let mut retired = rank::lock(mine, Rank::Leaf);
             retired.append(&mut list);
-            self.zones.cpus[slot].snap_zones.fetch_or(zones, std::sync::atomic::Ordering::Relaxed);
-            pending.store(true, std::sync::atomic::Ordering::Relaxed);
+            self.zones.cpus[slot].seen.note_locked(zones);
         }
         self.drop_aged(ctx, done);
         quiet.flatten()
     }
 
     /// Move the retired snapshots of every other vCPU slot that may hold
-    /// some of the zones `gone` (`SpaceCpu::snap_zones` bits) onto `slot`'s
+    /// some of the zones `gone` (`Seen::snap_zones` bits) onto `slot`'s
     /// list (a slot whose lock is busy is left, and the next call takes
     /// every pending list: `takeover_missed`).
     fn take_retired_of_others(&self, slot: usize, gone: u64) {
@@ -810,13 +807,13 @@ impl Space {
             gone
         };
         for (i, cpu) in self.zones.cpus.iter().enumerate() {
-            if i == slot || !cpu.pending.load(Relaxed) || cpu.snap_zones.load(Relaxed) & gone == 0 {
+            if i == slot || !cpu.seen.pending.load(Relaxed) || cpu.seen.snap_zones.load(Relaxed) & gone == 0 {
                 continue;
             }
             if let Some(mut list) = Ranked::try_take(Rank::Leaf, || cpu.retired.try_lock().ok()) {
                 taken.append(&mut list);
-                zones |= cpu.snap_zones.swap(0, Relaxed);
-                cpu.pending.store(false, Relaxed);
+                zones |= cpu.seen.snap_zones.swap(0, Relaxed);
+                cpu.seen.pending.store(false, Relaxed);
             } else {
                 self.takeover_missed.store(true, Relaxed);
             }
@@ -825,8 +822,7 @@ impl Space {
             let mine = &self.zones.cpus[slot];
             let mut retired = rank::lock(&mine.retired, Rank::Leaf);
             retired.append(&mut taken);
-            mine.snap_zones.fetch_or(zones, Relaxed);
-            mine.pending.store(true, Relaxed);
+            mine.seen.note_locked(zones);
         }
     }
 

@@ -91,6 +91,38 @@ pub(crate) struct Zone {
     pub(super) snapshot: RcuArc<SnapshotNode>,
 }
 
+/// What a vCPU slot's retired list may hold, as other vCPUs look at it
+/// ([`SpaceCpu::seen`]).
+#[derive(Debug, Default)]
+pub(crate) struct Seen {
+    /// `[a]` whether `retired` may hold entries (written under its lock): a
+    /// change that removed objects takes other vCPUs' entries, which may
+    /// be what keeps them alive (`Space::finish`), without touching the
+    /// lists of vCPUs that have none.
+    pub(super) pending: std::sync::atomic::AtomicBool,
+    /// `[a]` the zones whose snapshots `retired` may hold, bit `z % 64`
+    /// for zone `z` (a superset, set only where it was not, and cleared only
+    /// when the list is taken; written under its lock): a change that
+    /// removed objects of some zones takes over only the lists that may
+    /// keep them alive, so vCPUs changing zones of their own never touch
+    /// each other's lists (`zone_bits`).
+    pub(super) snap_zones: std::sync::atomic::AtomicU64,
+}
+
+impl Seen {
+    /// Note that the list holds a snapshot of the zones `bits` (under the
+    /// list's lock), writing only what changes.
+    pub(super) fn note_locked(&self, bits: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.snap_zones.load(Relaxed) & bits != bits {
+            self.snap_zones.fetch_or(bits, Relaxed);
+        }
+        if !self.pending.load(Relaxed) {
+            self.pending.store(true, Relaxed);
+        }
+    }
+}
+
 /// What each vCPU slot keeps of a space (written by that vCPU; a change
 /// that removed objects takes other slots' retired snapshots over).
 #[derive(Debug, Default)]
@@ -98,17 +130,13 @@ pub(crate) struct SpaceCpu {
     /// `[L]` snapshots this vCPU's changes replaced, waiting for a grace
     /// period (inner to the map locks).
     pub(super) retired: Mutex<Vec<Retired<Snapshot>>>,
-    /// `[a]` whether `retired` may hold entries (written under its lock): a
-    /// change that removed objects takes other vCPUs' entries, which may
-    /// be what keeps them alive (`Space::finish`), without touching the
-    /// lists of vCPUs that have none.
-    pub(super) pending: std::sync::atomic::AtomicBool,
-    /// `[a]` the zones whose snapshots `retired` may hold, bit `z % 64`
-    /// for zone `z` (a superset; written under its lock): a change that
-    /// removed objects of some zones takes over only the lists that may
-    /// keep them alive, so vCPUs changing zones of their own never touch
-    /// each other's lists (`zone_bits`).
-    pub(super) snap_zones: std::sync::atomic::AtomicU64,
+    /// `[a]` what other vCPUs read of `retired` at each change of theirs that
+    /// removed objects (`Space::take_retired_of_others`), on lines of its
+    /// own and written only when a value changes: the rest of the slot is
+    /// written at every change and fault of its vCPU, and each such write
+    /// made the other vCPUs' next read a miss (on two core complexes,
+    /// ~350 ns each, a few per vmlocal loop).
+    pub(super) seen: CachePadded<Seen>,
     /// `[a]` VMAs this vCPU's changes added, less those they removed, not
     /// yet moved to `Zones::vmas` (fewer than `COUNT_BATCH` either way).
     pub(super) vmas: AtomicIsize,
@@ -150,7 +178,7 @@ impl Geometry {
         (self.zone_of(start), self.zone_of(end.max(start.saturating_add(1)) - 1))
     }
 
-    /// The bits of [`SpaceCpu::snap_zones`] for the zones `start..end` touches.
+    /// The bits of [`Seen::snap_zones`] for the zones `start..end` touches.
     pub(crate) fn zone_bits(self, start: u64, end: u64) -> u64 {
         let (first, last) = self.span(start, end);
         if last - first >= 63 { u64::MAX } else { (first..=last).fold(0, |m, z| m | 1u64 << (z % 64)) }
