@@ -35,7 +35,10 @@ use std::collections::BTreeMap;
 use vmfault::{Vm, VmConfig};
 
 pub use harness::RoundResult;
-pub use results::{ABORT_COUNTERS, Comparison, LOCKLESS_COUNTERS, Machine, Results, Row, RunInfo, Spread};
+pub use results::{
+    ABORT_COUNTERS, ByPlacement, Comparison, FAR_ROUND_TRIP_NS, LOCKLESS_COUNTERS, Machine, Results, Row, RunInfo,
+    Spread,
+};
 use target::{HostTarget, VmTarget};
 pub use workload::{Mode, Sizes, Workload};
 

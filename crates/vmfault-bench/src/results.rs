@@ -82,6 +82,50 @@ impl Spread {
     }
 }
 
+/// The cache-line round trip between a round's first two workers' CPUs
+/// (`harness::line_round_trip_ns`) below which the round counts as run on
+/// one core complex ("near"), and above which on two ("far"): on the
+/// 2-core machine the hypervisor's placements measure 55-70 ns and
+/// 330-440 ns, and every figure that shares lines follows them.
+pub const FAR_ROUND_TRIP_NS: f64 = 200.0;
+
+/// A row's rounds split by where its first two workers' CPUs sat
+/// ([`FAR_ROUND_TRIP_NS`]): the medians of ops per second of each kind,
+/// so that a run whose rounds the hypervisor placed both ways reads as
+/// two figures, not one median of a mixture.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct ByPlacement {
+    /// Rounds under the threshold.
+    pub near_rounds: usize,
+    /// Their median ops per second.
+    pub near_ops_per_sec: Option<f64>,
+    /// Rounds over it.
+    pub far_rounds: usize,
+    /// Their median ops per second.
+    pub far_ops_per_sec: Option<f64>,
+}
+
+impl ByPlacement {
+    /// The split of `rounds`, if any of them measured a round trip.
+    pub fn of(rounds: &[RoundResult]) -> Option<ByPlacement> {
+        let placed: Vec<(f64, f64)> =
+            rounds.iter().filter_map(|r| r.line_round_trip_ns.map(|t| (t, r.ops_per_sec()))).collect();
+        if placed.is_empty() {
+            return None;
+        }
+        let side = |far: bool| -> Vec<f64> {
+            placed.iter().filter(|(t, _)| (*t > FAR_ROUND_TRIP_NS) == far).map(|&(_, o)| o).collect()
+        };
+        let (near, far) = (side(false), side(true));
+        Some(ByPlacement {
+            near_rounds: near.len(),
+            near_ops_per_sec: Spread::of(&near).map(|s| s.median),
+            far_rounds: far.len(),
+            far_ops_per_sec: Spread::of(&far).map(|s| s.median),
+        })
+    }
+}
+
 /// One measured point: a workload on one system with one setting and thread count.
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
@@ -126,6 +170,9 @@ pub struct Row {
     /// threads: `harness::line_round_trip_ns`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub line_round_trip_ns: Option<Spread>,
+    /// The rounds split by that round trip (rows of two or more threads).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub by_placement: Option<ByPlacement>,
     /// Every round.
     pub rounds: Vec<RoundResult>,
     /// Zero-fill rows: the bytes each thread zeroes over and over.
@@ -235,6 +282,7 @@ pub(crate) fn row(
         (allocs > 0).then(|| counters.get("frames_adjacent").copied().unwrap_or(0) as f64 / allocs as f64);
     let trips: Vec<f64> = rounds.iter().filter_map(|r| r.line_round_trip_ns).collect();
     let line_round_trip_ns = Spread::of(&trips);
+    let by_placement = ByPlacement::of(&rounds);
     Row {
         workload,
         system: system.to_string(),
@@ -253,6 +301,7 @@ pub(crate) fn row(
         frame_adjacency,
         counters,
         line_round_trip_ns,
+        by_placement,
         rounds,
         footprint_bytes: None,
         error,
@@ -425,6 +474,24 @@ mod tests {
         let r = ratio(&a, &b).unwrap();
         assert_eq!((r.min, r.median, r.max), (1.0, 1.25, 1.5));
         assert_eq!(a.ops_per_sec, 150.0);
+    }
+
+    #[test]
+    fn rounds_split_by_placement() {
+        let placed = |ops, trip| RoundResult { line_round_trip_ns: trip, ..rr(ops, 1.0) };
+        let rounds =
+            vec![placed(10, Some(65.0)), placed(30, Some(350.0)), placed(12, Some(60.0)), placed(20, Some(340.0))];
+        let r = row(Workload::Vmlocal, "vmfault", &BTreeMap::new(), 2, rounds, None);
+        let p = r.by_placement.unwrap();
+        assert_eq!(
+            (p.near_rounds, p.near_ops_per_sec, p.far_rounds, p.far_ops_per_sec),
+            (2, Some(11.0), 2, Some(25.0))
+        );
+        assert_eq!(r.ops_per_sec, 16.0, "the mixture's median, for comparison");
+        let near_only = row(Workload::Vmlocal, "vmfault", &BTreeMap::new(), 2, vec![placed(5, Some(64.0))], None);
+        assert_eq!(near_only.by_placement.unwrap().far_ops_per_sec, None);
+        let unplaced = row(Workload::Vmlocal, "vmfault", &BTreeMap::new(), 1, vec![rr(5, 1.0)], None);
+        assert!(unplaced.by_placement.is_none(), "one thread: no round trip");
     }
 
     #[test]

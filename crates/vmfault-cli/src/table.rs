@@ -144,6 +144,7 @@ pub(crate) fn render(results: &Results, plan: &Plan) -> String {
         let _ = writeln!(out, "\nzero-fill limit over {} per thread, pages/s: {}", bytes(f), zf.join(", "));
     }
     out.push_str(&per_op(results));
+    out.push_str(&placement(results));
     out.push_str(&aborts(results));
     out.push_str(&shared64(results));
     out.push_str(&swap(results));
@@ -198,6 +199,59 @@ fn per_op(results: &Results) -> String {
     format!(
         "
 per op (all vCPUs; \"adjacent\": frame allocations next to the vCPU's previous one):\n{}",
+        columns(&lines)
+    )
+}
+
+/// The rows of two or more threads split by where the hypervisor put the
+/// first two workers' CPUs (`ByPlacement`), when some row ran both ways:
+/// each kind's median, and its scaling over the row's own one-thread
+/// median.
+fn placement(results: &Results) -> String {
+    let placed: Vec<&Row> = results.rows.iter().filter(|r| r.by_placement.is_some()).collect();
+    if !placed.iter().any(|r| r.by_placement.is_some_and(|p| p.near_rounds > 0 && p.far_rounds > 0)) {
+        return String::new();
+    }
+    let mut lines = vec![
+        ["workload", "system", "thr", "near", "rounds", "far", "rounds", "far/near", "scaling near", "scaling far"]
+            .map(String::from)
+            .to_vec(),
+    ];
+    for r in placed {
+        let p = r.by_placement.expect("filtered");
+        let one = results
+            .rows
+            .iter()
+            .find(|o| {
+                o.threads == 1
+                    && o.workload == r.workload
+                    && o.system == r.system
+                    && o.settings == r.settings
+                    && o.footprint_bytes == r.footprint_bytes
+            })
+            .map(|o| o.ops_per_sec)
+            .filter(|&v| v > 0.0);
+        let scaling = |v: Option<f64>| opt(v.zip(one).map(|(v, o)| v / o), |x| format!("{x:.2}x"));
+        let name = match r.footprint_bytes {
+            Some(f) => format!("zero-fill {}", bytes(f)),
+            None => r.workload.name().into(),
+        };
+        lines.push(vec![
+            name,
+            system(r),
+            r.threads.to_string(),
+            opt(p.near_ops_per_sec, human),
+            p.near_rounds.to_string(),
+            opt(p.far_ops_per_sec, human),
+            p.far_rounds.to_string(),
+            opt(p.far_ops_per_sec.zip(p.near_ops_per_sec).map(|(f, n)| f / n), |x| format!("{x:.2}")),
+            scaling(p.near_ops_per_sec),
+            scaling(p.far_ops_per_sec),
+        ]);
+    }
+    format!(
+        "\nrounds by placement (ops/s medians; near: the first two workers' CPUs' cache-line round trip under {:.0} ns, one core complex; far: over it, two):\n{}",
+        vmfault_bench::FAR_ROUND_TRIP_NS,
         columns(&lines)
     )
 }
