@@ -22,7 +22,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
-use crate::object::{Cx, Env, IndexHint};
+use crate::object::{Cx, Env, EnvRef, IndexHint};
 use crate::phys::Pfn;
 use crate::stats::{Counter, CounterSet};
 use crate::sync::cpu::CpuSet;
@@ -45,6 +45,9 @@ pub(crate) struct PerCpuOwned {
     pub(crate) next_object: Cell<u64>,
     /// `[o]` this vCPU's last reserve in an object index.
     pub(crate) index_hint: IndexHint,
+    /// `[I]` the environment as the objects this slot makes hold it (see
+    /// `object::EnvRef`).
+    pub(crate) env_ref: Arc<EnvRef>,
 }
 
 /// Everything a `Vm` owns, shared by its handles, spaces and threads (the
@@ -143,6 +146,7 @@ impl<'a> Ctx<'a> {
             counters: &cpu.counters,
             index_hint: &own.index_hint,
             next_object: &own.next_object,
+            env_ref: &own.env_ref,
             index,
         };
         Ctx { cx, m, cpu, own }

@@ -15,7 +15,7 @@ use crate::aspace::AddressSpace;
 use crate::config::VmConfig;
 use crate::error::{Error, Result};
 use crate::machine::{Life, PerCpu, PerCpuOwned};
-use crate::object::Env;
+use crate::object::{Env, EnvRef};
 use crate::phys::PhysMem;
 use crate::stats::{CounterSet, CpuCounters, CpuStats, Stats};
 use crate::sync::cpu::{Attachment, CpuSet};
@@ -80,14 +80,11 @@ impl Vm {
             // not attached, the daemon's), then the unowned one.
             phys.set_deferred(config.cpus + 2);
         }
+        // One reader per slot (the vCPUs', and the slot of threads not
+        // attached), then the page daemon's.
         let mut readers = readers.into_iter();
-        let cpus = CpuSet::new(config.cpus, |_| {
-            let reader = readers.next().expect("one reader per slot");
-            (
-                PerCpu { counters: CounterSet::new() },
-                PerCpuOwned { rcu: reader, next_object: Cell::new(1), index_hint: Default::default() },
-            )
-        });
+        let mut slot_readers: Vec<_> = readers.by_ref().take(config.cpus + 1).collect();
+        slot_readers.reverse();
         let daemon_reader = readers.next().expect("the page daemon's reader");
         let swap = match &config.swap {
             Some(path) => Some(crate::swapdev::Swap::create(path, config.swap_bytes())?),
@@ -107,6 +104,18 @@ impl Vm {
             pv,
             reclaimable: crate::object::Reclaimable::new(swap.is_some()),
             swap,
+        });
+        let cpus = CpuSet::new(env.config.cpus, |_| {
+            let reader = slot_readers.pop().expect("one reader per slot");
+            (
+                PerCpu { counters: CounterSet::new() },
+                PerCpuOwned {
+                    rcu: reader,
+                    next_object: Cell::new(1),
+                    index_hint: Default::default(),
+                    env_ref: EnvRef::new(&env),
+                },
+            )
         });
         let m = Arc::new(Machine {
             env,

@@ -111,11 +111,10 @@ impl Space {
                 let object = match v.object.get() {
                     Some(o) if !v.is_shared() => {
                         if !fronts.iter().any(|(old, _)| Arc::ptr_eq(old, o)) {
-                            let front =
-                                Object::new_shadow(ctx, &m.env, o, false).map_err(|_| nomem("a shadow object"))?;
+                            let front = Object::new_shadow(ctx, o, false).map_err(|_| nomem("a shadow object"))?;
                             fronts.push((o.clone(), front));
                         }
-                        Some(Object::new_shadow(ctx, &m.env, o, true).map_err(|_| nomem("a shadow object"))?)
+                        Some(Object::new_shadow(ctx, o, true).map_err(|_| nomem("a shadow object"))?)
                     }
                     other => other.cloned(),
                 };

@@ -212,20 +212,20 @@ impl Space {
                     return Err(not_a_stack());
                 }
                 no_write = shared && !writable;
-                let o = Object::for_file(ctx, &self.vm.m.env, f)?;
+                let o = Object::for_file(ctx, f)?;
                 if shared && writable {
                     o.ensure_writer(f)?;
                 }
                 Some(match shared {
                     true => o,
-                    false => Object::new_shadow(ctx, &self.vm.m.env, &o, false)
-                        .map_err(|_| nomem("a private file mapping's object"))?,
+                    false => {
+                        Object::new_shadow(ctx, &o, false).map_err(|_| nomem("a private file mapping's object"))?
+                    }
                 })
             }
             (None, true) if grows_down => return Err(not_a_stack()),
             (None, true) => Some(
-                Object::new_shared_anon(ctx, &self.vm.m.env, len >> PAGE_SHIFT)
-                    .map_err(|_| nomem("a shared object's page index"))?,
+                Object::new_shared_anon(ctx, len >> PAGE_SHIFT).map_err(|_| nomem("a shared object's page index"))?,
             ),
             (None, false) => None,
         };

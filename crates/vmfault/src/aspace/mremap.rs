@@ -507,7 +507,6 @@ impl Change<'_, '_> {
             let section = ctx.rcu_read();
             o.file_of(&section)
         };
-        let env = &self.space.vm.m.env;
         let object = match self.fresh.iter().find(|(old, _)| Arc::ptr_eq(old, o)) {
             Some((_, new)) => new.clone(),
             None => {
@@ -516,8 +515,8 @@ impl Change<'_, '_> {
                     Some(r) => r,
                     None => {
                         let fresh = match &file {
-                            Some(f) => Object::new_shadow(ctx, env, f, false),
-                            None => Object::new_anon(ctx, env),
+                            Some(f) => Object::new_shadow(ctx, f, false),
+                            None => Object::new_anon(ctx),
                         };
                         let new =
                             fresh.map_err(|_| Error::NoMemory { op: Op::Mremap, what: "a moved mapping's object" })?;
@@ -733,7 +732,7 @@ impl Change<'_, '_> {
                     let section = self.ctx.rcu_read();
                     o.file_of(&section).expect("a private file mapping's object shadows its file")
                 };
-                let shadow = Object::new_shadow(self.ctx, &self.space.vm.m.env, &file, false);
+                let shadow = Object::new_shadow(self.ctx, &file, false);
                 Some(shadow.map_err(|_| Error::NoMemory { op, what: "a file mapping's new shadow object" })?)
             }
             (true, Some(_)) => None,

@@ -486,7 +486,7 @@ pub(super) fn prepare<'v>(
         .or_else(|| prev.filter(|p| compatible(p, vma)).and_then(|p| p.object.get().cloned()));
     let object = match reuse {
         Some(o) => o,
-        None => Object::new_anon(ctx, &space.vm.m.env).map_err(|_| ())?,
+        None => Object::new_anon(ctx).map_err(|_| ())?,
     };
     let owner = map.owner();
     if let Some(owner) = owner {

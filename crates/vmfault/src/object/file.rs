@@ -45,7 +45,7 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Condvar, Mutex, Weak};
 
-use super::{Cx, Env};
+use super::Cx;
 use super::{Entry, Insert, Object, SwapOut};
 use crate::error::{Error, Op, Result};
 use crate::phys::{Frames, OwnedFrame, Pfn};
@@ -133,7 +133,8 @@ impl Object {
 
     /// The object of `file` (the one every mapping of it shares), made on
     /// first use.
-    pub(crate) fn for_file(ctx: &Cx<'_>, m: &Arc<Env>, file: &File) -> Result<Arc<Object>> {
+    pub(crate) fn for_file(ctx: &Cx<'_>, file: &File) -> Result<Arc<Object>> {
+        let m = ctx.env;
         let meta = file.metadata().map_err(|e| host("fstat", &e))?;
         let key = (meta.dev(), meta.ino());
         let mut map = rank::lock(&m.files.map, Rank::Files);
@@ -151,7 +152,6 @@ impl Object {
         let own = file.try_clone().map_err(|e| host("dup", &e))?;
         let o = Self::with_backing(
             ctx,
-            m,
             None,
             false,
             Some(FileData {

@@ -54,7 +54,7 @@ mod rmap;
 mod shadow;
 mod swap;
 
-pub(crate) use env::{Cx, Env};
+pub(crate) use env::{Cx, Env, EnvRef};
 pub(crate) use file::{FileData, Files};
 pub(crate) use rmap::{BackingKey, ObjRmap, Pv, PvTable, RmapTotals};
 pub(crate) use shadow::{Absorbed, Found};
@@ -82,8 +82,9 @@ pub(crate) struct Object {
     id: u64,
     /// `[I]` root; entries `[a]` (see the module docs).
     index: Radix,
-    /// `[I]` the machine, to free pages when the object dies.
-    env: Arc<Env>,
+    /// `[I]` the machine, to free pages when the object dies (through the
+    /// handle of the vCPU slot that made it: `EnvRef`).
+    env: Arc<EnvRef>,
     /// `[a]` (RCU) the object below, for shadow objects: read inside a
     /// section; replaced only by a collapse (`shadow.rs`), under the map
     /// lock of the one space whose VMAs map this object.
@@ -235,24 +236,25 @@ impl Entry {
 
 impl Object {
     /// A new anonymous object.
-    pub(crate) fn new_anon(ctx: &Cx<'_>, m: &Arc<Env>) -> Result<Arc<Object>, OutOfFrames> {
-        Self::with_backing(ctx, m, None, false, None, u64::MAX)
+    pub(crate) fn new_anon(ctx: &Cx<'_>) -> Result<Arc<Object>, OutOfFrames> {
+        Self::with_backing(ctx, None, false, None, u64::MAX)
     }
 
     /// A new object for a shared anonymous mapping of `pages` pages.
-    pub(crate) fn new_shared_anon(ctx: &Cx<'_>, m: &Arc<Env>, pages: u64) -> Result<Arc<Object>, OutOfFrames> {
-        Self::with_backing(ctx, m, None, false, None, pages)
+    pub(crate) fn new_shared_anon(ctx: &Cx<'_>, pages: u64) -> Result<Arc<Object>, OutOfFrames> {
+        Self::with_backing(ctx, None, false, None, pages)
     }
 
+    /// A new object in the environment of `ctx`'s vCPU slot.
     fn with_backing(
         ctx: &Cx<'_>,
-        m: &Arc<Env>,
         below: Option<Arc<Object>>,
         inherited: bool,
         file: Option<FileData>,
         pages: u64,
     ) -> Result<Arc<Object>, OutOfFrames> {
         let index = Radix::index();
+        let m = ctx.env;
         if let Some(b) = &below {
             b.shadows.fetch_add(1, Ordering::Relaxed);
         }
@@ -265,7 +267,7 @@ impl Object {
             Object {
                 id,
                 index,
-                env: m.clone(),
+                env: ctx.env_ref.clone(),
                 backing: RcuBox::new(below),
                 shadows: AtomicU32::new(0),
                 lock: std::sync::Mutex::new(()),

@@ -43,7 +43,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::{Cx, Env};
+use super::Cx;
 use super::{Entry, MapWriteHeld, Object, Slot};
 use crate::phys::Pfn;
 use crate::pmap::OutOfFrames;
@@ -75,13 +75,8 @@ pub(crate) type OldBacking = Retired<Box<Option<Arc<Object>>>>;
 impl Object {
     /// A new shadow object in front of `below`; `child` for the child
     /// side of a fork (see [`Object::inherited`]).
-    pub(crate) fn new_shadow(
-        ctx: &Cx<'_>,
-        m: &Arc<Env>,
-        below: &Arc<Object>,
-        child: bool,
-    ) -> Result<Arc<Object>, OutOfFrames> {
-        Self::with_backing(ctx, m, Some(below.clone()), child || below.inherited, None, u64::MAX)
+    pub(crate) fn new_shadow(ctx: &Cx<'_>, below: &Arc<Object>, child: bool) -> Result<Arc<Object>, OutOfFrames> {
+        Self::with_backing(ctx, Some(below.clone()), child || below.inherited, None, u64::MAX)
     }
 
     /// Objects in the chain, this one included.
