@@ -3,9 +3,11 @@
 //!
 //! An object outlives the operation that made it, and its end frees its
 //! pages and index nodes, gives back its swap slots and leaves the
-//! registries it joined: so it holds its [`Env`] (an `Arc`), which the
-//! machine (`machine::Machine`, one layer up) holds too and reaches
-//! through `Deref`. The machine's other parts (vCPU slots, the registry of
+//! registries it joined: so it holds its [`Env`], through the [`EnvRef`]
+//! of the vCPU slot that made it (an `Arc` of an `Arc`, so that object
+//! births and ends count references on that slot's line, not on one all
+//! vCPUs share); the machine (`machine::Machine`, one layer up) holds the
+//! `Env` too and reaches it through `Deref`. The machine's other parts (vCPU slots, the registry of
 //! address spaces, orphaned pages, its threads) are not the objects'
 //! business, and this layer cannot name them.
 //!
