@@ -388,9 +388,9 @@ pub struct VmConfig {
     /// descriptors (64 bytes each, 15 lines), ran on into the other's.
     /// With runs of 256, 10.2M. `bench
     /// page_fault1 --threads 2 --rounds 24 --seconds 0.3 --no-host
-    /// --compare pcpu_pages=16,256,1024` (which sets the fill with the
-    /// size), rounds at ~65 ns / ~350 ns: 9.06M / 6.17M, 9.92M / 10.22M,
-    /// 10.29M / 9.31M.
+    /// --compare pcpu_pages=16,256,1024`, then `=64,256,...` (the size
+    /// sets the fill), rounds at ~65 ns / ~350 ns: 16: 9.06M / 6.17M,
+    /// 64: 10.38M / 8.84M, 256: 9.92M / 10.22M, 1024: 10.29M / 9.31M.
     pub pcpu_fill: usize,
     /// Frames a full cache returns to the global list in one acquisition;
     /// 0 means all of them (OpenBSD's choice; a half-and-half split is

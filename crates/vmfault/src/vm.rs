@@ -83,8 +83,7 @@ impl Vm {
         // One reader per slot (the vCPUs', and the slot of threads not
         // attached), then the page daemon's.
         let mut readers = readers.into_iter();
-        let mut slot_readers: Vec<_> = readers.by_ref().take(config.cpus + 1).collect();
-        slot_readers.reverse();
+        let mut slot_readers = readers.by_ref().take(config.cpus + 1).collect::<Vec<_>>().into_iter();
         let daemon_reader = readers.next().expect("the page daemon's reader");
         let swap = match &config.swap {
             Some(path) => Some(crate::swapdev::Swap::create(path, config.swap_bytes())?),
@@ -106,7 +105,7 @@ impl Vm {
             swap,
         });
         let cpus = CpuSet::new(env.config.cpus, |_| {
-            let reader = slot_readers.pop().expect("one reader per slot");
+            let reader = slot_readers.next().expect("one reader per slot");
             (
                 PerCpu { counters: CounterSet::new() },
                 PerCpuOwned {
