@@ -327,3 +327,59 @@ fn a_stack_part_emptied_by_a_move_of_several_mappings_stays_apart() {
         remap(16, 12, 12, dontunmap, 33),
     ]);
 }
+
+/// In a fork child, a mapping whose object came through the fork grows in
+/// place up to a neighbour without an object: Linux (6.16 on) merges them,
+/// since the grown range is new and carries the mapping's own anon_vma
+/// (`vma_merge_extend`: no existing VMA lends its anon_vma, so fork
+/// ancestry is not asked). Found by the fork differential test.
+#[test]
+fn a_fork_child_mapping_grown_up_to_a_neighbour_without_object_merges() {
+    check(&[
+        map(0, 40, RW, true),
+        remap(26, 11, 10, 0, 0),
+        store(34),
+        TOp::Fork,
+        TOp::Exit,
+        TOp::Switch(1),
+        remap(26, 10, 11, libc::MREMAP_MAYMOVE, 0),
+        store(36),
+        load(24, 16),
+    ]);
+    // The neighbour over offsets whose pages the parent's object still
+    // holds: they read as zeros after the merge.
+    let mut ops = vec![map(0, 8, RW, true)];
+    ops.extend((0..8).map(store));
+    ops.extend([
+        TOp::Fork,
+        TOp::Switch(1),
+        TOp::Munmap { off: 4 * P, len: 4 * P },
+        map(5, 3, RW, true),
+        remap(0, 4, 5, libc::MREMAP_MAYMOVE, 0),
+        load(0, 8),
+        store(6),
+        TOp::Switch(0),
+        load(0, 8),
+    ]);
+    check(&ops);
+}
+
+/// The same kind of neighbour met by a move: a fork child's mapping moved
+/// away, a mapping without object put after its old place, and the
+/// mapping moved back (with and without `MREMAP_DONTUNMAP`).
+#[test]
+fn a_fork_child_mapping_moved_back_next_to_a_neighbour_without_object() {
+    for flags in [MOVE_TO, MOVE_TO | libc::MREMAP_DONTUNMAP] {
+        check(&[
+            map(0, 4, RW, true),
+            store(0),
+            TOp::Fork,
+            TOp::Switch(1),
+            remap(0, 4, 4, MOVE_TO, 20),
+            map(4, 3, RW, true),
+            remap(20, 4, 4, flags, 0),
+            store(5),
+            load(0, 8),
+        ]);
+    }
+}

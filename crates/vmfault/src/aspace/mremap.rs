@@ -680,11 +680,18 @@ impl Change<'_, '_> {
     /// mapping after it, as Linux's `vma_merge_extend` may).
     fn grow(&mut self, vma: &Arc<Vma>, addr: u64, delta: u64) -> Result<Remapped> {
         let end = vma.end + delta;
-        self.hide_below(vma, vma.pindex(vma.end), vma.pindex(vma.end) + (delta >> PAGE_SHIFT))?;
         let grown = Vma::new(vma.start, end, vma.prot, vma.flags, vma.pgoff, vma.object.get().cloned());
+        // A next mapping without an object that the grown one takes in
+        // (`Vma::can_extend_over`) maps through its object from then on:
+        // its offsets get holes too.
+        let over = match self.map.find_from(end) {
+            Some(n) if n.object.get().is_none() && grown.can_extend_over(n) => n.end,
+            _ => end,
+        };
+        self.hide_below(vma, vma.pindex(vma.end), vma.pindex(over))?;
         self.replaced.push(self.map.remove(vma));
         self.map.put(spares::vma(grown));
-        self.replaced.extend(self.map.merge_range(end, end));
+        self.replaced.extend(self.map.merge_range_by(end, end, Vma::can_extend_over));
         let locked = if vma.flags.contains(VmaFlags::LOCKED) { vec![(addr, end)] } else { Vec::new() };
         Ok(Remapped { addr, present: Vec::new(), locked, copies: Vec::new() })
     }

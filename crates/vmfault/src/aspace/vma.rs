@@ -154,6 +154,25 @@ impl Vma {
             }
     }
 
+    /// Whether `next` may merge with this VMA once it has grown in place
+    /// up to it (`mremap`; Linux's `vma_merge_extend`): as
+    /// [`can_merge_with`](Vma::can_merge_with), except that an object
+    /// inherited through fork may extend over a `next` that has none. The
+    /// grown range is a new one carrying this VMA's anon_vma, and Linux
+    /// (6.16 on, `is_mergeable_anon_vma`) asks about fork ancestry only of
+    /// an existing VMA whose anon_vma a merge takes in, or of one a move
+    /// copies from; here there is neither.
+    pub(crate) fn can_extend_over(&self, next: &Vma) -> bool {
+        self.can_merge_with(next)
+            || (self.object.get().is_some()
+                && next.object.get().is_none()
+                && !self.is_shared()
+                && self.end == next.start
+                && self.prot == next.prot
+                && self.flags == next.flags
+                && next.pgoff == self.pgoff + ((self.end - self.start) >> PAGE_SHIFT))
+    }
+
     /// The `/proc/self/maps` view.
     pub(crate) fn info(&self) -> MappingInfo {
         MappingInfo {
@@ -345,6 +364,12 @@ pub(crate) trait VmaIndex: Lookup {
     /// previous VMA when a three-way merge is impossible). Returns the
     /// replaced VMAs, which the caller retires.
     fn merge_range(&mut self, start: u64, end: u64) -> Removed {
+        self.merge_range_by(start, end, Vma::can_merge_with)
+    }
+
+    /// [`merge_range`](VmaIndex::merge_range) with `may` deciding whether
+    /// a VMA merges with the one after it.
+    fn merge_range_by(&mut self, start: u64, end: u64, may: fn(&Vma, &Vma) -> bool) -> Removed {
         let mut retired = Removed::new();
         let mut cur = match self.prev_of(start).cloned().or_else(|| self.find_from(start).cloned()) {
             Some(v) => v,
@@ -359,7 +384,7 @@ pub(crate) trait VmaIndex: Lookup {
                 }
                 _ => break,
             };
-            if cur.can_merge_with(&next) {
+            if may(&cur, &next) {
                 let object = cur.object.get().or(next.object.get()).cloned();
                 let merged = super::spares::vma(Vma::new(cur.start, next.end, cur.prot, cur.flags, cur.pgoff, object));
                 retired.push(self.remove(&cur));

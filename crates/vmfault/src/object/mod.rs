@@ -102,7 +102,8 @@ pub(crate) struct Object {
     /// `[I]` made for the child side of a `fork` (or in front of such an
     /// object): Linux's anon_vma chain of such a VMA is not singular, so it
     /// neither merges with a VMA that has no object nor lends its object to
-    /// one (`is_mergeable_anon_vma`, `reusable_anon_vma`).
+    /// one (`is_mergeable_anon_vma`, `reusable_anon_vma`), except when its
+    /// VMA grows in place up to one (`Vma::can_extend_over`).
     pub(crate) inherited: bool,
     /// `[I]` the file, for a file object (`file.rs`).
     pub(crate) file: Option<FileData>,
