@@ -17,17 +17,15 @@
 //! (`aspace::Space::registered`, `Space::by_id`).
 
 use std::any::Any;
-use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
-use crate::object::{Cx, Env, EnvRef, IndexHint};
+use crate::object::{Cx, Env};
 use crate::phys::Pfn;
 use crate::stats::{Counter, CounterSet};
 use crate::sync::cpu::CpuSet;
 use crate::sync::rank::{self, Rank};
-use crate::sync::rcu::RcuReader;
 
 /// The shared part of a vCPU slot.
 #[derive(Debug)]
@@ -36,19 +34,9 @@ pub(crate) struct PerCpu {
     pub(crate) counters: CounterSet,
 }
 
-/// The owner-only part of a vCPU slot.
-#[derive(Debug)]
-pub(crate) struct PerCpuOwned {
-    /// `[o]` this slot's RCU reader.
-    pub(crate) rcu: RcuReader,
-    /// `[o]` next object serial number handed out by this vCPU.
-    pub(crate) next_object: Cell<u64>,
-    /// `[o]` this vCPU's last reserve in an object index.
-    pub(crate) index_hint: IndexHint,
-    /// `[I]` the environment as the objects this slot makes hold it (see
-    /// `object::EnvRef`).
-    pub(crate) env_ref: Arc<EnvRef>,
-}
+/// The owner-only part of a vCPU slot (the objects' layer names it, so
+/// that their part of the context reaches it through one reference).
+pub(crate) use crate::object::SlotOwned as PerCpuOwned;
 
 /// Everything a `Vm` owns, shared by its handles, spaces and threads (the
 /// objects hold its [`Env`] only).
@@ -115,15 +103,11 @@ impl std::fmt::Debug for CpuSet<PerCpu, PerCpuOwned> {
 /// and that slot's per-CPU data. Passed by reference through every layer
 /// above the objects; it derefs to the objects' part of it ([`Cx`]).
 pub(crate) struct Ctx<'a> {
-    /// The objects' part: the environment, the slot's reader, counters,
-    /// index hint and object serials.
+    /// The objects' part: the environment, the slot's owner-only part,
+    /// its counters and index.
     cx: Cx<'a>,
     /// The machine.
     pub(crate) m: &'a Machine,
-    /// The claimed slot's shared part.
-    pub(crate) cpu: &'a PerCpu,
-    /// The claimed slot's owner-only part.
-    pub(crate) own: &'a PerCpuOwned,
 }
 
 impl<'a> std::ops::Deref for Ctx<'a> {
@@ -140,16 +124,7 @@ impl<'a> Ctx<'a> {
     /// calling thread holds.
     #[inline]
     pub(crate) fn new(m: &'a Machine, cpu: &'a PerCpu, own: &'a PerCpuOwned, index: usize) -> Ctx<'a> {
-        let cx = Cx {
-            env: &m.env,
-            reader: &own.rcu,
-            counters: &cpu.counters,
-            index_hint: &own.index_hint,
-            next_object: &own.next_object,
-            env_ref: &own.env_ref,
-            index,
-        };
-        Ctx { cx, m, cpu, own }
+        Ctx { cx: Cx { env: &m.env, own, counters: &cpu.counters, index }, m }
     }
 }
 

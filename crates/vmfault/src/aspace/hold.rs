@@ -99,7 +99,7 @@ impl AddressSpace {
                         if pfn == phys.zero_pfn() {
                             return Some((pfn, false));
                         }
-                        phys.wire_mapped(pfn, Some(&ctx.cpu.counters)).then_some((pfn, true))
+                        phys.wire_mapped(pfn, Some(ctx.counters)).then_some((pfn, true))
                     })
                 };
                 if let Some((pfn, wired)) = held {

@@ -141,7 +141,7 @@ impl Space {
                 if !pte.is_wired() {
                     return pte;
                 }
-                if phys.unwire(pte.pfn(), Some(&ctx.cpu.counters)) {
+                if phys.unwire(pte.pfn(), Some(ctx.counters)) {
                     ctx.m.orphan(pte.pfn());
                 }
                 pte.unwired()
@@ -218,7 +218,7 @@ impl Space {
             }
             // Fails only while a removal of every mapping of the page runs:
             // the page will be unmapped, and faulted in again.
-            if phys.wire_mapped(pte.pfn(), Some(&ctx.cpu.counters)) {
+            if phys.wire_mapped(pte.pfn(), Some(ctx.counters)) {
                 done[i] = true;
                 return pte.wired();
             }

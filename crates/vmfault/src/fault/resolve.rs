@@ -83,7 +83,7 @@ pub(super) fn resolve_stable(
                 let section = ctx.rcu_read();
                 let found = o.find(pindex, &section);
                 if read && let Found::Own(p) | Found::Below(p) = found {
-                    if !phys.try_hold(p, Some(&ctx.cpu.counters)) {
+                    if !phys.try_hold(p, Some(ctx.counters)) {
                         // Being paged out again: let that finish, look again.
                         drop(section);
                         std::thread::yield_now();
@@ -413,7 +413,7 @@ pub(super) fn commit_locked(
     // every mapping; then nothing has changed yet and the fault retries.
     let keeps = cur.is_wired() && cur.pfn() == pfn;
     if keeps || (vma.flags.contains(VmaFlags::LOCKED) && pfn != phys.zero_pfn()) {
-        if !keeps && !phys.wire_mapped(pfn, Some(&ctx.cpu.counters)) {
+        if !keeps && !phys.wire_mapped(pfn, Some(ctx.counters)) {
             // Diagnostic: Retry is right whatever the page (a new one is in
             // its object already; the retry finds it blocked and waits).
             debug_assert!(matches!(resolved, Resolved::Mapped | Resolved::Upgraded), "a new page was blocked");
@@ -421,7 +421,7 @@ pub(super) fn commit_locked(
         }
         pte = pte.wired();
     }
-    if cur.is_wired() && !keeps && phys.unwire(cur.pfn(), Some(&ctx.cpu.counters)) {
+    if cur.is_wired() && !keeps && phys.unwire(cur.pfn(), Some(ctx.counters)) {
         ctx.m.orphan(cur.pfn());
     }
     if file && write && pte.allows(Access::Write) {

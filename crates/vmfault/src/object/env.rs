@@ -76,22 +76,33 @@ impl std::ops::Deref for EnvRef {
     }
 }
 
+/// The owner-only part of a vCPU slot: what only the thread that holds
+/// the slot touches (the machine's `CpuSet` keeps one per slot).
+#[derive(Debug)]
+pub(crate) struct SlotOwned {
+    /// `[o]` this slot's RCU reader.
+    pub(crate) rcu: RcuReader,
+    /// `[o]` next object serial number handed out by this vCPU.
+    pub(crate) next_object: Cell<u64>,
+    /// `[o]` this vCPU's last reserve in an object index.
+    pub(crate) index_hint: IndexHint,
+    /// `[I]` the environment as the objects this slot makes hold it.
+    pub(crate) env_ref: Arc<EnvRef>,
+}
+
 /// The part of a vCPU's context that object operations use (the whole
 /// context, `machine::Ctx`, derefs to it, so a `&Ctx` is passed where a
-/// `&Cx` is asked for).
+/// `&Cx` is asked for). Four words: every operation builds one, and the
+/// paths that take it by reference out of line make it live in memory,
+/// so what can be reached through the slot is reached, not copied.
 pub(crate) struct Cx<'a> {
     /// The machine's environment.
     pub(crate) env: &'a Env,
-    /// `[o]` the vCPU's RCU reader.
-    pub(crate) reader: &'a RcuReader,
+    /// `[o]` the slot's owner-only part: its RCU reader, object-index
+    /// hint, object serials and environment handle.
+    pub(crate) own: &'a SlotOwned,
     /// `[o]` the vCPU's counters.
     pub(crate) counters: &'a CounterSet,
-    /// `[o]` the vCPU's last reserve in an object index.
-    pub(crate) index_hint: &'a IndexHint,
-    /// `[o]` the next object serial number this vCPU hands out.
-    pub(crate) next_object: &'a Cell<u64>,
-    /// `[I]` the environment as the objects this vCPU makes hold it.
-    pub(crate) env_ref: &'a Arc<EnvRef>,
     /// The vCPU slot's index.
     pub(crate) index: usize,
 }
@@ -112,27 +123,27 @@ impl Cx<'_> {
     /// This vCPU's view of the frame allocator (its page cache first).
     #[inline]
     pub(crate) fn frames(&self) -> Frames<'_> {
-        Frames::new(&self.env.phys, &self.env.rcu, self.reader, self.counters)
+        Frames::new(&self.env.phys, &self.env.rcu, &self.own.rcu, self.counters)
     }
 
     /// Enter an RCU read-side section as this vCPU.
     #[inline]
     pub(crate) fn rcu_read(&self) -> RcuReadGuard<'_> {
-        self.env.rcu.read_lock(self.reader)
+        self.env.rcu.read_lock(&self.own.rcu)
     }
 
     /// Enter an RCU read-side section as this vCPU, pinning the page of
     /// `addr` (`Rcu::pin`: the per-VMA read lock).
     #[inline]
     pub(crate) fn rcu_pin(&self, addr: u64) -> RcuPin<'_> {
-        self.env.rcu.pin(self.reader, addr)
+        self.env.rcu.pin(&self.own.rcu, addr)
     }
 
     /// A new object id, unique in this `Vm`, without a shared counter:
     /// the slot index in the top bits, a per-slot serial below.
     pub(crate) fn new_object_id(&self) -> u64 {
-        let n = self.next_object.get();
-        self.next_object.set(n + 1);
+        let n = self.own.next_object.get();
+        self.own.next_object.set(n + 1);
         ((self.index as u64 + 1) << 48) | n
     }
 }

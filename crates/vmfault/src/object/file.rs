@@ -186,7 +186,7 @@ impl Object {
         let frames = ctx.frames();
         let nomem = |what| Error::NoMemory { op, what };
         let slot = self
-            .reserve(&frames, pindex, ctx.index_hint)
+            .reserve(&frames, pindex, &ctx.own.index_hint)
             .map_err(|_: OutOfFrames| nomem("an object's page-index node"))?;
         loop {
             // Acquire: a write-back before the eviction that left this

@@ -54,7 +54,7 @@ mod rmap;
 mod shadow;
 mod swap;
 
-pub(crate) use env::{Cx, Env, EnvRef};
+pub(crate) use env::{Cx, Env, EnvRef, SlotOwned};
 pub(crate) use file::{FileData, Files};
 pub(crate) use rmap::{BackingKey, ObjRmap, Pv, PvTable, RmapTotals};
 pub(crate) use shadow::{Absorbed, Found};
@@ -268,7 +268,7 @@ impl Object {
             Object {
                 id,
                 index,
-                env: ctx.env_ref.clone(),
+                env: ctx.own.env_ref.clone(),
                 backing: RcuBox::new(below),
                 shadows: AtomicU32::new(0),
                 lock: std::sync::Mutex::new(()),
