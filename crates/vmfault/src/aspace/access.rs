@@ -189,44 +189,77 @@ impl Space {
         force: bool,
         mut copy: impl FnMut(Pfn, usize, usize, usize),
     ) -> Result<()> {
-        let phys = &ctx.env.phys;
-        let cpu = self.cpu(ctx);
-        let hint = &cpu.leaf_hint;
-        let mut done = 0usize;
+        if len == 0 {
+            return Ok(());
+        }
+        // The first page piece inline, the others (if any) out of line: a
+        // loop around the inline piece had the compiler hoist two dozen
+        // addresses out of it and keep them on the stack, for a loop that
+        // runs once in most accesses.
+        let off = (addr % PAGE_SIZE) as usize;
+        let n = (PAGE_SIZE as usize - off).min(len);
+        self.piece(ctx, op, addr, access, force, |pfn| copy(pfn, off, 0, n))?;
+        if n < len { self.pieces_after(ctx, op, addr, n, len, access, force, copy) } else { Ok(()) }
+    }
+
+    /// The page pieces of [`access_with`](Space::access_with) from byte
+    /// `done` on.
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    fn pieces_after(
+        &self,
+        ctx: &Ctx<'_>,
+        op: Op,
+        addr: u64,
+        mut done: usize,
+        len: usize,
+        access: Access,
+        force: bool,
+        mut copy: impl FnMut(Pfn, usize, usize, usize),
+    ) -> Result<()> {
         while done < len {
             let a = addr.saturating_add(done as u64);
-            if a >= TASK_SIZE {
-                // Beyond the user address space: no page table to walk.
-                ctx.count(Counter::faults);
-                cpu.count_fault();
-                ctx.count(Counter::segv);
-                return Err(Error::Segv { addr: a, code: SegvCode::MapErr });
-            }
             let off = (a % PAGE_SIZE) as usize;
             let n = (PAGE_SIZE as usize - off).min(len - done);
-            let section = ctx.rcu_read();
-            match self.pmap.lookup(phys, a, access, hint) {
-                Ok(pfn) => {
-                    if phys.queues.is_some() {
-                        // The accessed bit a real MMU would set: the page
-                        // daemon's reference mark (`phys::queues`).
-                        phys.page(pfn).touch();
-                    }
-                    copy(pfn, off, done, n);
-                }
-                Err(_) if force => {
-                    drop(section);
-                    fault::handle_forced(ctx, self, op, a, access, |pfn| copy(pfn, off, done, n))?;
-                }
-                Err(missed) => {
-                    // The fault goes on in this section (or ends it first).
-                    let looked = Some(fault::Looked { section, missed });
-                    // By value: locals a closure borrows live in memory.
-                    let copy = &mut copy;
-                    fault::handle_looked(ctx, self, cpu, op, a, access, looked, move |pfn| copy(pfn, off, done, n))?;
-                }
-            }
+            self.piece(ctx, op, a, access, force, |pfn| copy(pfn, off, done, n))?;
             done += n;
+        }
+        Ok(())
+    }
+
+    /// One page piece of an access: `copy(frame)` once the page at `a`
+    /// allows `access`, faulting if it does not.
+    #[inline(always)]
+    fn piece(&self, ctx: &Ctx<'_>, op: Op, a: u64, access: Access, force: bool, copy: impl FnMut(Pfn)) -> Result<()> {
+        let phys = &ctx.env.phys;
+        let cpu = self.cpu(ctx);
+        if a >= TASK_SIZE {
+            // Beyond the user address space: no page table to walk.
+            ctx.count(Counter::faults);
+            cpu.count_fault();
+            ctx.count(Counter::segv);
+            return Err(Error::Segv { addr: a, code: SegvCode::MapErr });
+        }
+        let section = ctx.rcu_read();
+        match self.pmap.lookup(phys, a, access, &cpu.leaf_hint) {
+            Ok(pfn) => {
+                if phys.queues.is_some() {
+                    // The accessed bit a real MMU would set: the page
+                    // daemon's reference mark (`phys::queues`).
+                    phys.page(pfn).touch();
+                }
+                let mut copy = copy;
+                copy(pfn);
+            }
+            Err(_) if force => {
+                drop(section);
+                fault::handle_forced(ctx, self, op, a, access, copy)?;
+            }
+            Err(missed) => {
+                // The fault goes on in this section (or ends it first).
+                let looked = Some(fault::Looked { section, missed });
+                fault::handle_looked(ctx, self, cpu, op, a, access, looked, copy)?;
+            }
         }
         Ok(())
     }
