@@ -176,13 +176,24 @@ pub(crate) fn with_ctx<R>(m: &Machine, f: impl FnOnce(&Ctx<'_>) -> R) -> R {
     let index = claim.index();
     let (cpu, own) = claim.parts();
     let ctx = Ctx::new(m, cpu, own, index);
-    let r = f(&ctx);
-    // The grace periods this operation waited for on the caller's path.
-    let waits = crate::sync::rcu::take_thread_waits();
-    if waits > 0 {
-        ctx.count_n(Counter::caller_grace_waits, waits);
+    let _waits = CountWaits(&ctx);
+    // The tail, with nothing after it but drops: the result is made where
+    // the caller wants it, not copied there.
+    f(&ctx)
+}
+
+/// Counts, when dropped at the end of an operation, the grace periods it
+/// waited for on the caller's path (`caller_grace_waits`).
+struct CountWaits<'a, 'b>(&'a Ctx<'b>);
+
+impl Drop for CountWaits<'_, '_> {
+    #[inline]
+    fn drop(&mut self) {
+        let waits = crate::sync::rcu::take_thread_waits();
+        if waits > 0 {
+            self.0.count_n(Counter::caller_grace_waits, waits);
+        }
     }
-    r
 }
 
 /// See [`Vm::_life`]: the end of the user's last handle. The machine's
@@ -221,5 +232,28 @@ impl Drop for Life {
         if let Some(swap) = &self.m.swap {
             swap.unlink();
         }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::{Vm, VmConfig};
+
+    /// The grace periods an operation waited for are counted once it ends
+    /// (`CountWaits`), on its vCPU: two here, by the calling thread.
+    #[test]
+    fn an_operations_grace_period_waits_are_counted_when_it_ends() {
+        let vm = Vm::new(VmConfig { phys_bytes: 4 << 20, cpus: 1, prefault: false, ..VmConfig::default() }).unwrap();
+        let _cpu = vm.attach().unwrap();
+        let before = vm.stats().caller_grace_waits;
+        vm.with_ctx(|ctx| {
+            ctx.env.rcu.synchronize();
+            ctx.env.rcu.synchronize();
+        });
+        assert_eq!(vm.stats().caller_grace_waits - before, 2);
+        // Nothing is left over for the next operation to count.
+        vm.with_ctx(|_| ());
+        assert_eq!(vm.stats().caller_grace_waits - before, 2);
     }
 }
