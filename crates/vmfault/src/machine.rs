@@ -237,7 +237,6 @@ impl Drop for Life {
 
 #[cfg(all(test, not(loom)))]
 mod tests {
-    use super::*;
     use crate::{Vm, VmConfig};
 
     /// The grace periods an operation waited for are counted once it ends
