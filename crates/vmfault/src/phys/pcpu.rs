@@ -88,17 +88,21 @@ impl<'a> Frames<'a> {
         // Frames taken off this vCPU's deferred list stay in transit until
         // `local` has published the magazine's new length (a drain reads it).
         let mut moving = None;
-        let take = |m: &mut Magazine<u32>| match m.pop() {
-            Some(p) => {
-                cpu.counters.inc(Counter::pcp_hit);
-                Some(p)
-            }
-            None => self.refill(cpu, m, &mut moving),
-        };
-        let got = match section {
-            Some(s) => pcp.local_in(s, take),
-            None => pcp.local(cpu.rcu, cpu.reader, take),
-        };
+        let got = pcp.local_or_in(
+            section,
+            cpu.rcu,
+            cpu.reader,
+            // Inline where many callers share it (the fault path among
+            // them): out of line, a call on every allocation.
+            #[inline(always)]
+            |m: &mut Magazine<u32>| match m.pop() {
+                Some(p) => {
+                    cpu.counters.inc(Counter::pcp_hit);
+                    Some(p)
+                }
+                None => self.refill(cpu, m, &mut moving),
+            },
+        );
         drop(moving);
         got
     }

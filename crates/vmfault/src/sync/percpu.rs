@@ -241,6 +241,23 @@ impl<T> PerCpuCache<T> {
         self.local_held(section.reader(), f)
     }
 
+    /// [`local_in`](PerCpuCache::local_in) `section` if there is one, else
+    /// [`local`](PerCpuCache::local) as `reader`: for a caller that may or
+    /// may not be inside a section, with one closure for both.
+    #[inline(always)]
+    pub fn local_or_in<R>(
+        &self,
+        section: Option<&RcuReadGuard<'_>>,
+        rcu: &Rcu,
+        reader: &RcuReader,
+        f: impl FnOnce(&mut Magazine<T>) -> R,
+    ) -> R {
+        match section {
+            Some(s) => self.local_in(s, f),
+            None => self.local(rcu, reader, f),
+        }
+    }
+
     /// The body of [`local`](PerCpuCache::local).
     ///
     /// # Preconditions
@@ -254,16 +271,21 @@ impl<T> PerCpuCache<T> {
         // Acquire pairs with the Release swap in `drain_all`: the spare it
         // installed was emptied before.
         let m = &self.mags[slot.current.load(Ordering::Acquire)];
-        let r = m.cell.with_mut(|p| {
-            // SAFETY: this magazine is `current` of our slot, and we hold the
-            // slot's unique reader inside a section, so no drainer touches it
-            // until the section ends (grace period); `busy` rules out a
-            // second borrow on this thread.
-            let mag = unsafe { &mut *p };
-            let r = f(mag);
-            m.len.store(mag.len() as u32, Ordering::Relaxed);
-            r
-        });
+        // Inline even where many callers share this body (the fault path's
+        // allocation among them): out of line it cost a call on every one.
+        let r = m.cell.with_mut(
+            #[inline(always)]
+            |p| {
+                // SAFETY: this magazine is `current` of our slot, and we hold the
+                // slot's unique reader inside a section, so no drainer touches it
+                // until the section ends (grace period); `busy` rules out a
+                // second borrow on this thread.
+                let mag = unsafe { &mut *p };
+                let r = f(mag);
+                m.len.store(mag.len() as u32, Ordering::Relaxed);
+                r
+            },
+        );
         slot.busy.store(false, Ordering::Relaxed);
         r
     }
