@@ -140,10 +140,7 @@ impl Vma {
 
     /// Whether `next` (starting where this ends) may merge with this VMA.
     pub(crate) fn can_merge_with(&self, next: &Vma) -> bool {
-        self.end == next.start
-            && self.prot == next.prot
-            && self.flags == next.flags
-            && next.pgoff == self.pgoff + ((self.end - self.start) >> PAGE_SHIFT)
+        self.continued_by(next)
             && match (self.object.get(), next.object.get()) {
                 (Some(a), Some(b)) => Arc::ptr_eq(a, b),
                 // Shared mappings always have an object; a private one
@@ -167,10 +164,17 @@ impl Vma {
             || (self.object.get().is_some()
                 && next.object.get().is_none()
                 && !self.is_shared()
-                && self.end == next.start
-                && self.prot == next.prot
-                && self.flags == next.flags
-                && next.pgoff == self.pgoff + ((self.end - self.start) >> PAGE_SHIFT))
+                && self.continued_by(next))
+    }
+
+    /// Whether `next` starts where this ends, with the same protection
+    /// and flags and the page offsets that continue this VMA's: what every
+    /// merge asks before it looks at the objects.
+    fn continued_by(&self, next: &Vma) -> bool {
+        self.end == next.start
+            && self.prot == next.prot
+            && self.flags == next.flags
+            && next.pgoff == self.pgoff + ((self.end - self.start) >> PAGE_SHIFT)
     }
 
     /// The `/proc/self/maps` view.
