@@ -355,8 +355,33 @@ pub(super) fn commit_locked(
             (p, if cur.is_present() { Resolved::Upgraded } else { Resolved::Mapped })
         }
         (None, Some(new)) => {
-            match c.object.expect("allocating faults have an object").insert(frames, new.slot, new.frame) {
+            let o = c.object.expect("allocating faults have an object");
+            match o.insert(frames, new.slot, new.frame) {
                 Insert::Ours(p) if below.is_some() => (p, Resolved::Copied),
+                // The first touch of anonymous memory (Linux's
+                // `do_anonymous_page`), the fault a page's life starts
+                // with: an empty PTE (no wiring to keep or give back), in
+                // a mapping that is neither locked (no wiring to take) nor
+                // `PROT_NONE` (a forced access maps nothing), of an object
+                // that is no file's (no dirty mark, a read maps it
+                // writable too) and without pv entries to keep. Each test
+                // of the general tail below then knows its answer: the
+                // page is new, so not blocked; it is not the zero page nor
+                // one below, so it is mapped with the VMA's rights.
+                Insert::Ours(p)
+                    if cur == Pte::NONE
+                        && !vma.prot.is_empty()
+                        && !vma.flags.contains(VmaFlags::LOCKED)
+                        && !o.is_file()
+                        && ctx.env.config.rmap != Rmap::PvEntry =>
+                {
+                    let pte = Pte::new(p, vma.prot.contains(Prot::WRITE), vma.prot.contains(Prot::EXEC), write);
+                    // Release, as below: nothing was mapped, so no second
+                    // MMU has anything to hear of.
+                    c.space.pmap.install_locked(leaf, _ptl, fault.addr, cur, pte);
+                    f(p);
+                    return Resolved::ZeroFill;
+                }
                 Insert::Ours(p) => (p, Resolved::ZeroFill),
                 Insert::Theirs(p) => (p, Resolved::Mapped),
                 // Paged out since the lookup: read it in again.
