@@ -104,6 +104,9 @@ unsafe impl<S: Send, O: Send> Send for CpuSet<S, O> {}
 pub(crate) struct Claim<'a, S, O> {
     set: &'a CpuSet<S, O>,
     index: usize,
+    /// Marked busy in [`FAST`] (which keeps the mark's attachment while
+    /// it is busy: `attach` leaves it, `detach` asserts it is not).
+    fast: bool,
     /// The shared slot's mutex guard, released by `drop_slow` (in a
     /// `ManuallyDrop`: a claim in [`FAST`], every operation's, then drops
     /// with no glue beyond its own `drop`).
@@ -227,7 +230,13 @@ impl<S, O> CpuSet<S, O> {
             })
         });
         if let Some(index) = fast {
-            return Claim { set: self, index, _shared: std::mem::ManuallyDrop::new(None), _not_send: PhantomData };
+            return Claim {
+                set: self,
+                index,
+                fast: true,
+                _shared: std::mem::ManuallyDrop::new(None),
+                _not_send: PhantomData,
+            };
         }
         self.claim_slow()
     }
@@ -248,11 +257,23 @@ impl<S, O> CpuSet<S, O> {
             None
         });
         if let Some(index) = attached {
-            return Claim { set: self, index, _shared: std::mem::ManuallyDrop::new(None), _not_send: PhantomData };
+            return Claim {
+                set: self,
+                index,
+                fast: false,
+                _shared: std::mem::ManuallyDrop::new(None),
+                _not_send: PhantomData,
+            };
         }
         let guard = super::rank::lock(&self.shared_lock, super::rank::Rank::SharedSlot);
         REGISTRY.with(|r| r.borrow_mut().push(TlsEntry { set: self.id, slot: self.cpus, busy: true, transient: true }));
-        Claim { set: self, index: self.cpus, _shared: std::mem::ManuallyDrop::new(Some(guard)), _not_send: PhantomData }
+        Claim {
+            set: self,
+            index: self.cpus,
+            fast: false,
+            _shared: std::mem::ManuallyDrop::new(Some(guard)),
+            _not_send: PhantomData,
+        }
     }
 }
 
@@ -274,23 +295,20 @@ impl<S, O> Claim<'_, S, O> {
 impl<S, O> Drop for Claim<'_, S, O> {
     #[inline(always)]
     fn drop(&mut self) {
-        let id = self.set.id;
-        let index = self.index;
-        let fast = FAST.try_with(|f| {
-            let v = f.get();
-            let mine = v.set == id && v.slot == index && v.busy;
-            if mine {
-                f.set(Fast { busy: false, ..v });
-            }
-            mine
-        });
-        if fast != Ok(true) {
+        if !self.fast {
             self.drop_slow();
-        } else {
-            // Only the shared slot's claims hold a guard, and FAST never
-            // names the shared slot: nothing is left to release.
-            debug_assert!(self._shared.is_none(), "a claim in FAST with the shared slot's guard");
+            return;
         }
+        // Only the shared slot's claims hold a guard, and FAST never
+        // names the shared slot: nothing is left to release but the mark.
+        debug_assert!(self._shared.is_none(), "a claim in FAST with the shared slot's guard");
+        // `try_with`: at thread exit the mark may be gone already.
+        let _ = FAST.try_with(|f| {
+            let v = f.get();
+            // Diagnostic: the mark stays on its attachment while busy.
+            debug_assert!(v.set == self.set.id && v.slot == self.index && v.busy, "FAST changed under a claim");
+            f.set(Fast { busy: false, ..v });
+        });
     }
 }
 
