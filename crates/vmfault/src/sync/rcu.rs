@@ -236,6 +236,8 @@ impl Drop for RcuPin<'_> {
 pub struct RcuReadGuard<'a> {
     rcu: &'a Rcu,
     reader: &'a RcuReader,
+    /// The reader's counter (its slot looked up once, at entry).
+    count: &'a AtomicU64,
 }
 
 #[cfg(all(debug_assertions, not(loom)))]
@@ -298,8 +300,8 @@ impl Rcu {
     pub fn read_lock<'a>(&'a self, reader: &'a RcuReader) -> RcuReadGuard<'a> {
         assert_eq!(reader.owner, self.id(), "RcuReader used with another Rcu");
         let depth = reader.nesting.get();
+        let c = &self.slots[reader.index].count;
         if depth == 0 {
-            let c = &self.slots[reader.index].count;
             // Only this reader writes its counter, so load + store suffices.
             let v = c.load(Ordering::Relaxed);
             // Real: an odd counter would make this reader look quiescent.
@@ -320,7 +322,7 @@ impl Rcu {
         reader.nesting.set(depth + 1);
         #[cfg(all(debug_assertions, not(loom)))]
         SECTIONS.with(|s| s.set(s.get() + 1));
-        RcuReadGuard { rcu: self, reader }
+        RcuReadGuard { rcu: self, reader, count: c }
     }
 
     /// Wait for a grace period: every read-side section that was running
@@ -847,7 +849,7 @@ impl Drop for RcuReadGuard<'_> {
         #[cfg(all(debug_assertions, not(loom)))]
         SECTIONS.with(|s| s.set(s.get() - 1));
         if depth == 0 {
-            let c = &self.rcu.slots[self.reader.index].count;
+            let c = self.count;
             let v = c.load(Ordering::Relaxed);
             // Release: everything done inside the section happens-before a
             // `synchronize` that observes the even value.
