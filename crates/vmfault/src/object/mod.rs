@@ -299,7 +299,7 @@ impl Object {
     /// now (before any lock, so that `insert` need not), and return it.
     /// `hint`: the calling vCPU's last reserve, which spares the walk when
     /// it was in the same leaf of this object (see [`IndexHint`]).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn reserve<'p>(
         &self,
         frames: &Frames<'p>,
@@ -308,7 +308,7 @@ impl Object {
     ) -> Result<Slot<'p>, OutOfFrames> {
         let block = pindex >> LEAF_SHIFT;
         if hint.object.get() == self.id && hint.block.get() == block {
-            let leaf = self.index.leaf_in(frames.phys(), Pfn::decode(hint.node.get()), pindex);
+            let leaf = self.index.leaf_in_spanned(frames.phys(), Pfn::decode(hint.node.get()), pindex, Some(&hint.spanned));
             return Ok(Slot::new(leaf, self.id, pindex));
         }
         self.reserve_walk(frames, pindex, hint)
@@ -322,6 +322,7 @@ impl Object {
         hint.object.set(self.id);
         hint.block.set(pindex >> LEAF_SHIFT);
         hint.node.set(leaf.node().raw());
+        hint.spanned.set(0);
         Ok(Slot::new(leaf, self.id, pindex))
     }
 
@@ -471,6 +472,9 @@ pub(crate) struct IndexHint {
     block: std::cell::Cell<u64>,
     /// Its level-0 node.
     node: std::cell::Cell<u32>,
+    /// The last step of the node's span this vCPU widened it to hold
+    /// (`Radix::leaf_in_spanned`): a fill in order widens once per step.
+    spanned: std::cell::Cell<u32>,
 }
 
 /// A slot of an object's page index made by [`Object::reserve`]: where

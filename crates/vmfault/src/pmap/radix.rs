@@ -252,7 +252,31 @@ impl Radix {
     /// an object index frees nodes only in its teardown).
     #[inline]
     pub(crate) fn leaf_in<'p>(&self, phys: &'p PhysMem, node: Pfn, index: u64) -> Leaf<'p> {
+        self.leaf_in_spanned(phys, node, index, None)
+    }
+
+    /// [`leaf_in`](Radix::leaf_in), for a caller that remembers in
+    /// `spanned` the last span step it widened `node`'s span to hold
+    /// (`SPAN_STEP` slots; 0: none, else the step's number plus one): a
+    /// span only grows while its tree lives, so the same step is not
+    /// looked at again. Whoever passes `spanned` resets it to 0 when it
+    /// starts remembering another node.
+    #[inline(always)]
+    pub(crate) fn leaf_in_spanned<'p>(
+        &self,
+        phys: &'p PhysMem,
+        node: Pfn,
+        index: u64,
+        spanned: Option<&std::cell::Cell<u32>>,
+    ) -> Leaf<'p> {
         let at = slot_at(index, 0);
+        let step = (at / SPAN_STEP) as u32 + 1;
+        if let Some(s) = spanned {
+            if s.get() == step {
+                return Leaf::new(&phys.words(node)[at], node);
+            }
+            s.set(step);
+        }
         if self.kind == Kind::Index {
             // An object index's entries that own a frame or a swap slot
             // appear only at slots handed out here (a fault's, a fill's, a
@@ -729,6 +753,32 @@ mod tests {
         r.teardown(&phys, &mut out, Some(&mut leaves));
         assert_eq!(leaves, vec![2, 4, 1, 3, 5]);
         assert!(out.contains(&node) && out.contains(&high));
+    }
+
+    #[test]
+    fn a_remembered_span_step_is_skipped_and_every_other_step_widens() {
+        let (rcu, _r) = crate::sync::rcu::Rcu::new(1);
+        let phys = PhysMem::new(64, false, &rcu, NO_PCP, false, false).unwrap();
+        let frames = Frames::global(&phys);
+        let r = Radix::index();
+        let node = r.leaf_alloc(&frames, 512 + 10).unwrap().0.node();
+        let span = || span_of(phys.page(node).children.load(Ordering::Relaxed));
+        assert_eq!(span(), (0, 64));
+        let spanned = std::cell::Cell::new(0);
+        // A step not remembered widens, and is remembered.
+        r.leaf_in_spanned(&phys, node, 512 + 70, Some(&spanned));
+        assert_eq!((span(), spanned.get()), ((0, 128), 2));
+        // A remembered step is not looked at: a span narrowed behind the
+        // memo's back (nothing else narrows one) stays as it is.
+        phys.page(node).children.store(0, Ordering::Relaxed);
+        let leaf = r.leaf_in_spanned(&phys, node, 512 + 100, Some(&spanned));
+        assert_eq!(span(), (WORDS, 0));
+        assert!(std::ptr::eq(leaf.entry, &phys.words(node)[100]));
+        // Another step (one before it too) widens again.
+        r.leaf_in_spanned(&phys, node, 512 + 300, Some(&spanned));
+        assert_eq!((span(), spanned.get()), ((256, 320), 5));
+        r.leaf_in_spanned(&phys, node, 512 + 70, Some(&spanned));
+        assert_eq!(span(), (64, 320));
     }
 
     #[test]
