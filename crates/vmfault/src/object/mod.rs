@@ -308,7 +308,8 @@ impl Object {
     ) -> Result<Slot<'p>, OutOfFrames> {
         let block = pindex >> LEAF_SHIFT;
         if hint.object.get() == self.id && hint.block.get() == block {
-            let leaf = self.index.leaf_in_spanned(frames.phys(), Pfn::decode(hint.node.get()), pindex, Some(&hint.spanned));
+            let leaf =
+                self.index.leaf_in_spanned(frames.phys(), Pfn::decode(hint.node.get()), pindex, Some(&hint.spanned));
             return Ok(Slot::new(leaf, self.id, pindex));
         }
         self.reserve_walk(frames, pindex, hint)
