@@ -271,13 +271,8 @@ impl Radix {
     ) -> Leaf<'p> {
         let at = slot_at(index, 0);
         let step = (at / SPAN_STEP) as u32 + 1;
-        if let Some(s) = spanned {
-            if s.get() == step {
-                return Leaf::new(&phys.words(node)[at], node);
-            }
-            s.set(step);
-        }
-        if self.kind == Kind::Index {
+        let remembered = spanned.is_some_and(|s| s.replace(step) == step);
+        if !remembered && self.kind == Kind::Index {
             // An object index's entries that own a frame or a swap slot
             // appear only at slots handed out here (a fault's, a fill's, a
             // collapse's reserve; swap and write-back change entries that
