@@ -662,10 +662,12 @@ unsafe fn child(sh: *mut Shared, ops: &[TOp], owner: &[u8], fork_id: &[u8], fd: 
                 TOp::Fork => {
                     let pid = libc::fork();
                     if pid == 0 {
-                        // The child: its parent reports the op.
+                        // The child: its parent reports the op, and the
+                        // child waits for that report (the turn check
+                        // above: op `i` is its parent's) before it runs
+                        // anything, since both append to the shared maps.
                         me = fork_id[i];
                         nkids = 0;
-                        i += 1;
                         continue;
                     }
                     if pid < 0 {
