@@ -66,3 +66,28 @@ fn a_search_under_a_zone_lock_stays_above_mmap_min_addr() {
         assert_eq!(start, MMAP_MIN_ADDR);
     });
 }
+
+#[test]
+fn the_homes_of_the_first_vcpus_share_no_line_of_the_root_table() {
+    use super::zones::ZONE_SHIFT;
+    let vm = vm(MapLock::Zoned);
+    let space = vm.new_space().unwrap();
+    let zones = &space.s.zones;
+    let linux = zones.zone_of(MMAP_BASE - 1);
+    // A zone is one 8-byte entry of the root table: its line is `z / 8`.
+    assert_eq!(1u64 << ZONE_SHIFT, 512 << 30);
+    let lines = linux / 8;
+    let mut seen = std::collections::HashSet::new();
+    for slot in 0..lines {
+        let home = zones.home_below(linux, slot).unwrap();
+        assert!(home < linux, "slot {slot}: home {home} below Linux's zone {linux}");
+        assert_ne!(home / 8, linux / 8, "slot {slot}: not on the line of Linux's zone");
+        assert!(seen.insert(home / 8), "slot {slot}: home {home} on a line another slot's home is on");
+    }
+    // Past them, homes share lines but not zones, for as long as there are zones.
+    let mut zones_seen = std::collections::HashSet::new();
+    for slot in 0..lines * 8 {
+        let home = zones.home_below(linux, slot).unwrap();
+        assert!(home < linux && zones_seen.insert(home), "slot {slot}: home {home}");
+    }
+}

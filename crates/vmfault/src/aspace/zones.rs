@@ -55,7 +55,9 @@
 //! stack guard gap short of its end), instead of trying Linux's zone first: vCPUs
 //! that map and unmap at once (will-it-scale's mmap1 and malloc1) then
 //! each work in a zone of their own, and neither the lock, the index, the
-//! snapshot nor the page tables of one are written by the other. With no
+//! snapshot nor the page tables of one are written by the other (the homes
+//! of the first 31 slots lie on lines of the root table of their own, see
+//! `Zones::home_below`). With no
 //! other change in flight the address is Linux's, as above.
 //!
 //! # Lock order
@@ -80,6 +82,10 @@ use crate::types::TASK_SIZE;
 /// reach, so 256 zones cover the 128 TiB user address space (the last one
 /// ends at `TASK_SIZE`, a page short).
 pub(crate) const ZONE_SHIFT: u32 = 39;
+
+/// Zones whose entries share a cache line of the page table's root (a zone
+/// is one entry of it: 8-byte entries in 64-byte lines).
+const ZONES_PER_ROOT_LINE: usize = 64 / 8;
 
 /// One zone: its map lock and VMA index, and the snapshot of the index.
 #[derive(Debug)]
@@ -306,8 +312,20 @@ impl Zones {
     /// change is in flight: one of its own below the zone of Linux's
     /// addresses (`linux`), so vCPUs mapping at once work in different
     /// zones (none if `linux` is the first).
+    ///
+    /// A zone is one entry of the page table's root, and eight entries
+    /// share a cache line: the homes of the first slots lie in lines of
+    /// their own, below Linux's zone's line, so that two vCPUs' changes,
+    /// which attach and detach their zones' entries (every `malloc1` loop
+    /// does both), write no line in common. Slots beyond the lines there
+    /// are share lines (as beyond the zones, zones).
     pub(super) fn home_below(&self, linux: usize, slot: usize) -> Option<usize> {
-        (linux > 0).then(|| linux - 1 - slot % linux)
+        let lines = linux / ZONES_PER_ROOT_LINE;
+        if lines == 0 {
+            return (linux > 0).then(|| linux - 1 - slot % linux);
+        }
+        let (line, within) = (slot % lines, slot / lines % ZONES_PER_ROOT_LINE);
+        Some((lines - line) * ZONES_PER_ROOT_LINE - 1 - within)
     }
 
     /// Whether there is more than one zone.

@@ -82,7 +82,8 @@ pub(crate) struct Page {
     /// its entries are non-zero (children). Added to by the CAS that
     /// attaches a child (`pmap::radix`), taken from by the prune that
     /// detaches one; read by the teardown of a subtree nobody else can
-    /// reach, which stops scanning when it has found them all. For an
+    /// reach, which stops scanning when it has found them all (a page
+    /// table's root keeps `u32::MAX`, `pmap::radix::UNCOUNTED`). For an
     /// `INDEX` leaf node: the span of the slots ever handed out for
     /// writing (`pmap::radix`, `widen_span`), where every entry that owns
     /// a frame or a swap slot lies, so that the teardown of an object scans

@@ -66,6 +66,12 @@ pub(crate) const OBJECT_LIMIT: u64 = 1 << (63 - crate::types::PAGE_SHIFT);
 const PRESENT: u64 = 1;
 /// The root word: the height in its low bits (the frame above bit 12).
 const HEIGHT_MASK: u64 = 0xff;
+/// The child count of a page table's root: it is never pruned, and every
+/// change anywhere in the space attaches and detaches its children, so a
+/// count there would be one line that changes in disjoint zones all write
+/// (two per `malloc1` loop on each vCPU). It keeps this value instead, and
+/// its teardown scans all of its slots.
+const UNCOUNTED: u32 = u32::MAX;
 
 #[inline]
 fn child_of(entry: u64) -> Pfn {
@@ -151,6 +157,7 @@ impl Radix {
     pub(crate) fn table(frames: &Frames<'_>) -> Result<Radix, OutOfFrames> {
         let root = frames.alloc_zeroed().ok_or(OutOfFrames)?;
         let root = frames.publish(root, Kind::Table);
+        frames.phys().page(root).children.store(UNCOUNTED, Ordering::Relaxed);
         let word = (u64::from(root.raw()) << 12) | u64::from(TABLE_LEVELS);
         Ok(Radix { root: AtomicU64::new(word), kind: Kind::Table, max_height: TABLE_LEVELS })
     }
@@ -158,6 +165,13 @@ impl Radix {
     /// An empty object index (no frame until its first entry).
     pub(crate) fn index() -> Radix {
         Radix { root: AtomicU64::new(0), kind: Kind::Index, max_height: MAX_HEIGHT }
+    }
+
+    /// Whether its nodes at `level` count their children (all but a page
+    /// table's root: see [`UNCOUNTED`]).
+    #[inline]
+    fn counts(&self, level: u32) -> bool {
+        !(self.kind == Kind::Table && level == TABLE_LEVELS - 1)
     }
 
     /// One past the largest index this tree may ever hold.
@@ -230,7 +244,9 @@ impl Radix {
                 let word = entry_for(fresh.pfn());
                 match frames.publish_into(fresh, self.kind, slot, 0, word, |_| {}) {
                     Ok(_) => {
-                        phys.page(node).children.fetch_add(1, Ordering::Relaxed);
+                        if self.counts(level) {
+                            phys.page(node).children.fetch_add(1, Ordering::Relaxed);
+                        }
                         e = word;
                         added += 1;
                     }
@@ -374,7 +390,7 @@ impl Radix {
         let r = PruneRange { ceiling: r.ceiling.min(base + span(height)), start: r.start.max(r.floor).max(base), ..r };
         let r = PruneRange { end: r.end.min(r.ceiling), ..r };
         if r.start < r.end {
-            prune_node(phys, node, height - 1, base, &r, out);
+            prune_node(phys, node, height - 1, base, &r, out, self.counts(height - 1));
         }
     }
 
@@ -442,7 +458,9 @@ pub(crate) struct PruneRange {
     pub(crate) ceiling: u64,
 }
 
-fn prune_node(phys: &PhysMem, node: Pfn, level: u32, base: u64, r: &PruneRange, out: &mut Vec<Pfn>) {
+/// Prune under `node` (see [`Radix::prune`]); `counted`: whether `node`
+/// keeps a child count (see [`UNCOUNTED`]).
+fn prune_node(phys: &PhysMem, node: Pfn, level: u32, base: u64, r: &PruneRange, out: &mut Vec<Pfn>, counted: bool) {
     if level == 0 {
         return;
     }
@@ -460,10 +478,12 @@ fn prune_node(phys: &PhysMem, node: Pfn, level: u32, base: u64, r: &PruneRange, 
         let hi = lo + span(level);
         if r.floor <= lo && hi <= r.ceiling {
             slot.store(0, Ordering::Release);
-            phys.page(node).children.fetch_sub(1, Ordering::Relaxed);
+            if counted {
+                phys.page(node).children.fetch_sub(1, Ordering::Relaxed);
+            }
             collect_pruned(phys, child_of(e), level - 1, lo, r, out);
         } else {
-            prune_node(phys, child_of(e), level - 1, lo, r, out);
+            prune_node(phys, child_of(e), level - 1, lo, r, out, true);
         }
     }
 }
@@ -935,18 +955,20 @@ mod tests {
         }
     }
 
-    /// Every interior node's child count equals its non-zero entries.
+    /// Every interior node's child count equals its non-zero entries, but
+    /// the root's (a page table's), which stays `UNCOUNTED`.
     fn check_children(phys: &PhysMem, node: Pfn, level: u32) -> usize {
         if level == 0 {
             return 1;
         }
         let mut nodes = 1;
         let kids: Vec<u64> = phys.words(node).iter().map(|w| w.load(Ordering::Relaxed)).filter(|&e| e != 0).collect();
-        assert_eq!(
-            phys.page(node).children.load(Ordering::Relaxed) as usize,
-            kids.len(),
-            "node {node:?} level {level}"
-        );
+        let count = phys.page(node).children.load(Ordering::Relaxed);
+        if level == TABLE_LEVELS - 1 {
+            assert_eq!(count, UNCOUNTED, "a page table's root is written by no attach or prune");
+        } else {
+            assert_eq!(count as usize, kids.len(), "node {node:?} level {level}");
+        }
         for e in kids {
             nodes += check_children(phys, child_of(e), level - 1);
         }
