@@ -424,9 +424,14 @@ impl Object {
     /// paged out. The caller has unmapped them and frees them after a
     /// grace period. Returns the number of frames removed. Holes stay (a
     /// shadow object's holes are made by `punch_locked`, which calls this).
+    ///
+    /// Only the leaves' spans are read (`Radix::for_each_spanned`): every
+    /// reserve of a page the caller removes happened before its call (the
+    /// caller cleared the PTEs that mapped them: `Pmap::update_range`
+    /// reads them with Acquire).
     pub(crate) fn remove_range(&self, start: u64, end: u64, out: &mut Vec<Pfn>) -> u64 {
         let mut n = 0;
-        self.index.for_each_present(&self.env.phys, start, end, |_, leaf| {
+        self.index.for_each_spanned(&self.env.phys, start, end, |_, leaf| {
             if !Entry::load(leaf.entry, Ordering::Relaxed).owns() {
                 return;
             }

@@ -373,6 +373,33 @@ impl Radix {
         });
     }
 
+    /// [`for_each_present`](Radix::for_each_present) of an object index,
+    /// over each leaf's span only: every entry that owns a frame or a swap
+    /// slot lies there (see [`leaf_in_spanned`](Radix::leaf_in_spanned)),
+    /// so a caller that wants only those reads a 64-slot step of a leaf
+    /// per step handed out, not all 512 slots (a one-page `malloc1`
+    /// mapping's munmap read all of them, 64 lines from beyond the L1
+    /// cache once two vCPUs' frees cycled their nodes through more frames).
+    ///
+    /// Same caller rule as [`Radix::leaf`]; besides, every reserve that
+    /// handed out a slot whose entry the caller must find happens-before
+    /// the call (its entry then lies in the span the call reads).
+    pub(crate) fn for_each_spanned(&self, phys: &PhysMem, start: u64, end: u64, mut f: impl FnMut(u64, Leaf<'_>)) {
+        debug_assert_eq!(self.kind, Kind::Index, "a page table's leaves keep no span");
+        self.for_each_leaf_node(phys, start, end, |base, node| {
+            let words = phys.words(node);
+            let (lo, hi) = leaf_span(phys, node);
+            let lo = (start.max(base) - base).max(lo as u64);
+            let hi = (end.min(base + WORDS as u64) - base).min(hi as u64);
+            for i in lo..hi {
+                let entry = &words[i as usize];
+                if entry.load(Ordering::Acquire) != 0 {
+                    f(base + i, Leaf::new(entry, node));
+                }
+            }
+        });
+    }
+
     /// Detach every interior node that intersects `r.start..r.end` and
     /// whose whole index range lies inside `r.floor..r.ceiling`, and push
     /// it (with its subtree) onto `out`, to be freed after a grace period.
@@ -568,6 +595,13 @@ fn span_of(word: u32) -> (usize, usize) {
     (WORDS - (word >> 16) as usize, (word & 0xffff) as usize)
 }
 
+/// The span (see [`span_of`]) of object-index leaf node `node`.
+#[inline]
+fn leaf_span(phys: &PhysMem, node: Pfn) -> (usize, usize) {
+    let (start, end) = span_of(phys.page(node).children.load(Ordering::Relaxed));
+    (start.min(end), end.min(WORDS))
+}
+
 /// Slots a span grows by at a time: a sequential fill (page_fault1) then
 /// writes the span once per 64 faults, not at each, and a teardown still
 /// reads a 64th of the node per slot in use, not all 512.
@@ -597,12 +631,7 @@ fn collect(phys: &PhysMem, node: Pfn, level: u32, out: &mut Vec<Pfn>, mut leaves
     let kind = phys.page(node).kind();
     // Where a leaf node can hold entries: an index leaf's span (see
     // `leaf_alloc`), a table leaf's every slot.
-    let (start, end) = if level == 0 && kind == Kind::Index {
-        let (start, end) = span_of(phys.page(node).children.load(Ordering::Relaxed));
-        (start.min(end), end.min(WORDS))
-    } else {
-        (0, WORDS)
-    };
+    let (start, end) = if level == 0 && kind == Kind::Index { leaf_span(phys, node) } else { (0, WORDS) };
     let mut left = match (level, &leaves) {
         (0, Leaves::Keep(_) | Leaves::Take(_)) => u32::MAX,
         (0, Leaves::Empty) if cfg!(debug_assertions) => u32::MAX,
