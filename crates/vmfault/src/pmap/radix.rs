@@ -678,7 +678,7 @@ fn collect(phys: &PhysMem, node: Pfn, level: u32, out: &mut Vec<Pfn>, mut leaves
 /// per 64 bytes: the nodes a teardown reads are mostly empty); the entry
 /// found is read again with Acquire, pairing with the Release that
 /// published it.
-fn next_nonzero(words: &[AtomicU64; WORDS], from: usize, end: usize) -> Option<(usize, u64)> {
+pub(crate) fn next_nonzero(words: &[AtomicU64; WORDS], from: usize, end: usize) -> Option<(usize, u64)> {
     let mut i = from;
     while i < end {
         if i.is_multiple_of(8) && i + 8 <= end {
