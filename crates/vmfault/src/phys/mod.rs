@@ -55,6 +55,7 @@ use crate::error::Result;
 use crate::stats::{Counter, CounterSet, SharedCounters};
 use crate::sync::percpu::{Magazine, PerCpuCache};
 use crate::sync::rcu::Rcu;
+use crate::sync::scratch::Scratch;
 use crate::types::PAGE_SIZE;
 
 /// Words (u64) per frame.
@@ -459,6 +460,31 @@ pub(crate) struct IdleMark {
     ticks: u32,
 }
 
+thread_local! {
+    /// The thread's buffer for frames sorted into free order
+    /// ([`PhysMem::in_free_order`]).
+    static ORDERED: std::cell::Cell<Vec<Pfn>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// Frames in the order a bulk free gives them back
+/// ([`PhysMem::in_free_order`]).
+pub(crate) enum InFreeOrder<'f> {
+    /// The caller's, already in that order.
+    AsGiven(&'f [Pfn]),
+    /// A sorted copy, in the thread's buffer.
+    Sorted(Scratch<Pfn>),
+}
+
+impl std::ops::Deref for InFreeOrder<'_> {
+    type Target = [Pfn];
+    fn deref(&self) -> &[Pfn] {
+        match self {
+            InFreeOrder::AsGiven(f) => f,
+            InFreeOrder::Sorted(v) => v,
+        }
+    }
+}
+
 impl PhysMem {
     /// Free frames whose grace period has ended, in one batch.
     pub(crate) fn give_aged(&self, frames: &[Pfn]) {
@@ -529,19 +555,21 @@ impl PhysMem {
     /// `frames` in the order a bulk free gives them back: as they come, or
     /// (ordered) by descending address, so that the free stack and the
     /// magazines hand them out ascending, each allocation next to the
-    /// last one.
-    pub(crate) fn in_free_order<'f>(&self, frames: &'f [Pfn]) -> std::borrow::Cow<'f, [Pfn]> {
+    /// last one. A sorted copy is made in the thread's buffer (no heap
+    /// allocation once it has room: every `malloc1` loop sorted one).
+    pub(crate) fn in_free_order<'f>(&self, frames: &'f [Pfn]) -> InFreeOrder<'f> {
         if !self.ordered || frames.is_sorted_by(|a, b| a >= b) {
-            return std::borrow::Cow::Borrowed(frames);
+            return InFreeOrder::AsGiven(frames);
         }
-        let mut v = frames.to_vec();
+        let mut v = Scratch::take(&ORDERED);
+        v.extend_from_slice(frames);
         // A stable sort finds natural runs: a munmap frees the frames of
         // its pages in page order, mostly ascending runs (each reversed
         // whole here) and few of them, so this costs a few passes, where
         // an unstable sort partitioned log(n) times (300 instructions per
         // page_fault1 fault, all in munmap).
         v.sort_by(|a, b| b.cmp(a));
-        std::borrow::Cow::Owned(v)
+        InFreeOrder::Sorted(v)
     }
 
     /// Override the free target (`VmConfig::free_target`).
