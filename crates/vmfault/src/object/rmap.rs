@@ -63,16 +63,78 @@ struct Inner {
     /// record names its space by id only (a walk finds the space in the
     /// machine's registry): holding a reference would write the space's
     /// count, a line every vCPU of the space shares, at each new mapping.
-    backings: HashMap<BackingKey, u32>,
+    backings: Backings,
     /// `[L]` (`ObjRmap::inner`) the objects whose backing object this is (dead ones pruned lazily).
     shadows: Vec<Weak<Object>>,
 }
 
+/// A multiset of backing records: the first in place, the others in a
+/// table. Most objects have one mapping all their life (a `malloc1` or
+/// `vmlocal` loop's), and a table allocated at its first insert was a
+/// heap allocation per loop.
+#[derive(Debug, Default)]
+struct Backings {
+    /// A record and its count, if any (not necessarily the first added).
+    one: Option<Record>,
+    /// The other records and their counts.
+    more: HashMap<BackingKey, u32>,
+}
+
+impl Backings {
+    /// Add one of `key`.
+    fn add(&mut self, key: BackingKey) {
+        match &mut self.one {
+            Some((k, n)) if *k == key => *n += 1,
+            None if self.more.is_empty() => self.one = Some((key, 1)),
+            _ => *self.more.entry(key).or_insert(0) += 1,
+        }
+    }
+
+    /// Take one of `key` away; false if there was none.
+    fn remove(&mut self, key: BackingKey) -> bool {
+        if let Some((k, n)) = &mut self.one
+            && *k == key
+        {
+            *n -= 1;
+            if *n == 0 {
+                self.one = None;
+            }
+            return true;
+        }
+        match self.more.get_mut(&key) {
+            Some(n) if *n > 1 => *n -= 1,
+            Some(_) => {
+                self.more.remove(&key);
+                if self.more.len() * 4 < self.more.capacity() {
+                    self.more.shrink_to_fit();
+                }
+            }
+            None => return false,
+        }
+        true
+    }
+
+    /// Every record (each once, whatever its count).
+    fn keys(&self) -> impl Iterator<Item = &BackingKey> {
+        self.one.iter().map(|(k, _)| k).chain(self.more.keys())
+    }
+
+    /// How many records, counted with multiplicity.
+    fn count(&self) -> u32 {
+        self.one.map_or(0, |(_, n)| n) + self.more.values().sum::<u32>()
+    }
+
+    /// Bytes they hold: the one in place, and the table's slots with their
+    /// control bytes.
+    fn footprint(&self) -> usize {
+        usize::from(self.one.is_some()) * size_of::<Record>() + self.more.capacity() * (size_of::<Record>() + 1)
+    }
+}
+
 impl Inner {
-    /// Bytes of metadata this list holds (hash table slots, control bytes, links).
+    /// Bytes of metadata this list holds (records, hash table slots, control bytes, links).
     fn footprint(&self) -> i64 {
-        let slots = self.backings.capacity();
-        (slots * (size_of::<Record>() + 1) + self.shadows.capacity() * size_of::<Weak<Object>>()) as i64
+        (self.backings.footprint() + self.shadows.capacity() * size_of::<Weak<Object>>()) as i64
     }
 }
 
@@ -147,7 +209,7 @@ impl ObjRmap {
     /// Record a mapping of this object.
     fn link(&self, m: &Env, key: BackingKey) {
         self.change(m, |g| {
-            *g.backings.entry(key).or_insert(0) += 1;
+            g.backings.add(key);
             ((), 1)
         })
     }
@@ -155,25 +217,13 @@ impl ObjRmap {
     /// Forget one record of a mapping (one that `link` added).
     fn unlink(&self, m: &Env, key: BackingKey) {
         self.change(m, |g| {
-            let gone = match g.backings.get_mut(&key) {
-                Some(e) if *e > 1 => {
-                    *e -= 1;
-                    false
-                }
-                Some(_) => true,
-                None => {
-                    // Diagnostic: nothing to remove is the right outcome.
-                    debug_assert!(false, "unlinking a backing record that was never linked: {key:?}");
-                    return ((), 0);
-                }
-            };
-            if gone {
-                g.backings.remove(&key);
-                if g.backings.len() * 4 < g.backings.capacity() {
-                    g.backings.shrink_to_fit();
-                }
+            if g.backings.remove(key) {
+                ((), -1)
+            } else {
+                // Diagnostic: nothing to remove is the right outcome.
+                debug_assert!(false, "unlinking a backing record that was never linked: {key:?}");
+                ((), 0)
             }
-            ((), -1)
         })
     }
 
@@ -189,7 +239,7 @@ impl ObjRmap {
     /// Give back what the list holds (the object is going away).
     pub(crate) fn clear(&self, m: &Env) {
         self.change(m, |g| {
-            let n: u32 = g.backings.values().sum();
+            let n = g.backings.count();
             *g = Inner::default();
             ((), -i64::from(n))
         })
@@ -294,5 +344,39 @@ impl PvTable {
             let l = rank::lock(l, Rank::Leaf);
             (n + l.len() as u64, b + (l.capacity() * size_of::<Pv>()) as u64)
         })
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backing_records_are_a_multiset_with_the_first_in_place() {
+        let (a, b, c) = ((1, 0x1000, 0x2000, 1), (1, 0x3000, 0x5000, 3), (2, 0x1000, 0x2000, 1));
+        let mut r = Backings::default();
+        assert_eq!((r.count(), r.footprint()), (0, 0));
+        r.add(a);
+        assert_eq!((r.count(), r.footprint()), (1, size_of::<Record>()), "one record: no table");
+        r.add(a);
+        r.add(b);
+        r.add(c);
+        r.add(b);
+        assert_eq!(r.count(), 5);
+        let mut keys: Vec<_> = r.keys().copied().collect();
+        keys.sort_unstable();
+        assert_eq!(keys, vec![a, b, c], "each record once");
+        // The one in place goes first; the others stay where they are.
+        assert!(r.remove(a) && r.remove(a));
+        assert!(!r.remove(a), "no third of it");
+        assert_eq!(r.count(), 3);
+        assert!(r.remove(b) && r.remove(c));
+        assert!(!r.remove(c));
+        assert_eq!(r.keys().copied().collect::<Vec<_>>(), vec![b]);
+        assert!(r.remove(b));
+        assert_eq!((r.count(), r.keys().count()), (0, 0));
+        // Empty, the place takes the next first record again.
+        r.add(c);
+        assert!(r.one.is_some() && r.more.is_empty());
     }
 }
