@@ -6,7 +6,7 @@
 //! past `B`, and, after a grace period, forgetting `B`'s entries. The
 //! walker must find the page whichever way the race goes.
 //!
-//! The walk uses the real `RcuBox::read_then` (the backing pointer is loaded
+//! The walk uses the real `RcuArc::read_then` (the backing pointer is loaded
 //! before the entry) and the real grace period; its steps and the
 //! collapse's are a copy of `object/shadow.rs` (`find_from`, `absorb`),
 //! which points back here. With
@@ -26,12 +26,12 @@ use loom::sync::Arc;
 use loom::sync::atomic::{AtomicU64, Ordering};
 use loom::thread;
 use vmfault::sync::publish_if_empty;
-use vmfault::sync::rcu::{Rcu, RcuBox, RcuReadGuard};
+use vmfault::sync::rcu::{Rcu, RcuArc, RcuReadGuard};
 
 /// One level of a chain: a one-page index and the pointer to the level below.
 struct Level {
     entry: AtomicU64,
-    backing: RcuBox<Option<Arc<Level>>>,
+    backing: RcuArc<Level>,
 }
 
 /// "Frame 7, present", as an object index entry.
@@ -58,8 +58,8 @@ fn a_walker_finds_the_page_a_collapse_moves_up() {
         loom::model(|| {
             let (rcu, mut readers) = Rcu::new(1);
             let rcu = Arc::new(rcu);
-            let absorbed = Arc::new(Level { entry: AtomicU64::new(PAGE), backing: RcuBox::new(None) });
-            let level = Arc::new(Level { entry: AtomicU64::new(0), backing: RcuBox::new(Some(absorbed.clone())) });
+            let absorbed = std::sync::Arc::new(Level { entry: AtomicU64::new(PAGE), backing: RcuArc::new(None) });
+            let level = Arc::new(Level { entry: AtomicU64::new(0), backing: RcuArc::new(Some(absorbed.clone())) });
             let reader = readers.pop().unwrap();
 
             let walker = {

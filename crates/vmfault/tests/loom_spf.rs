@@ -1,6 +1,6 @@
 //! Loom model of a speculative page fault racing munmap (or mprotect),
 //! built from the real pieces: `VmaState` (the VMA's sequence count), the
-//! PTE word lock, `RcuBox`/`Rcu::reclaim` (the VMA index snapshot and its
+//! PTE word lock, `RcuArc`/`Rcu::reclaim` (the VMA index snapshot and its
 //! reclamation after a grace period). The steps of the fault and of the
 //! writers are a copy of `fault/speculative.rs` and `fault/vma_lock.rs`
 //! (and of `aspace/munmap.rs`'s retire, zap and free), which point back
@@ -49,7 +49,7 @@ use loom::sync::Arc;
 use loom::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use loom::thread;
 use vmfault::sync::generation::Generation;
-use vmfault::sync::rcu::{Rcu, RcuBox};
+use vmfault::sync::rcu::{Rcu, RcuArc};
 use vmfault::sync::spin;
 use vmfault::sync::vma_state::VmaState;
 
@@ -159,8 +159,10 @@ fn model_with(writer_pte: fn(u64) -> u64, path: Path) {
     loom::model(move || {
         let (rcu, mut readers) = Rcu::new(2);
         let rcu = Arc::new(rcu);
-        let index =
-            Arc::new(RcuBox::new(Some(Arc::new(Vma { state: VmaState::new(), fields: Fields(UnsafeCell::new(7)) }))));
+        let index = Arc::new(RcuArc::new(Some(std::sync::Arc::new(Vma {
+            state: VmaState::new(),
+            fields: Fields(UnsafeCell::new(7)),
+        }))));
         let ptl = Arc::new(AtomicU32::new(0));
         let pte = Arc::new(AtomicU64::new(0));
         let r1 = readers.pop().unwrap();
@@ -170,13 +172,13 @@ fn model_with(writer_pte: fn(u64) -> u64, path: Path) {
             thread::spawn(move || match path {
                 Path::Speculative => {
                     let section = rcu.read_lock(&r1);
-                    if let Some(vma) = index.read(&section).as_deref() {
+                    if let Some(vma) = index.read(&section) {
                         speculative_fault(vma, &ptl, &pte);
                     }
                 }
                 Path::VmaLock => {
                     let pin = rcu.pin(&r1, ADDR);
-                    if let Some(vma) = index.read(&pin).as_deref() {
+                    if let Some(vma) = index.read(&pin) {
                         vma_locked_fault(vma, &ptl, &pte);
                     }
                 }
@@ -189,7 +191,7 @@ fn model_with(writer_pte: fn(u64) -> u64, path: Path) {
         let old = {
             let current = {
                 let g = rcu.read_lock(&r0);
-                index.read(&g).clone()
+                index.cloned(&g)
             };
             current.as_ref().expect("mapped").state.retire();
             if path == Path::VmaLock {
@@ -241,8 +243,8 @@ fn pruned_table_model(hinted: bool) {
     loom::model(move || {
         let (rcu, mut readers) = Rcu::new(2);
         let rcu = Arc::new(rcu);
-        let live = || Some(Arc::new(Vma { state: VmaState::new(), fields: Fields(UnsafeCell::new(7)) }));
-        let index = Arc::new(RcuBox::new(live()));
+        let live = || Some(std::sync::Arc::new(Vma { state: VmaState::new(), fields: Fields(UnsafeCell::new(7)) }));
+        let index = Arc::new(RcuArc::new(live()));
         // The upper-level entry that holds the leaf table (1: attached),
         // the leaf's PTE lock and its one PTE, and the prune count.
         let pmd = Arc::new(AtomicU64::new(1));
@@ -271,7 +273,7 @@ fn pruned_table_model(hinted: bool) {
                 };
                 // The speculative fault: the snapshot, then the walk again
                 // only if a prune was counted since (`Pmap::pte_after`).
-                let Some(vma) = index.read(&section).as_deref() else { return };
+                let Some(vma) = index.read(&section) else { return };
                 let leaf = if prunes.unchanged(stamp) { walked } else { pmd.load(Ordering::Acquire) };
                 if leaf == 0 {
                     return;
@@ -285,7 +287,7 @@ fn pruned_table_model(hinted: bool) {
         let r0 = readers.pop().unwrap();
         let current = {
             let g = rcu.read_lock(&r0);
-            index.read(&g).clone()
+            index.cloned(&g)
         };
         current.as_ref().expect("mapped").state.retire();
         drop(current);

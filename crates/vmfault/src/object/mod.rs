@@ -65,7 +65,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use crate::phys::{Frames, Kind, OwnedFrame, PageQueues, Pfn, Queue};
 use crate::pmap::{OutOfFrames, Radix};
-use crate::sync::rcu::RcuBox;
+use crate::sync::rcu::RcuArc;
 use crate::sync::scratch::Scratch;
 
 /// Proof that the caller holds the map lock of the space that maps an
@@ -88,7 +88,7 @@ pub(crate) struct Object {
     /// `[a]` (RCU) the object below, for shadow objects: read inside a
     /// section; replaced only by a collapse (`shadow.rs`), under the map
     /// lock of the one space whose VMAs map this object.
-    backing: RcuBox<Option<Arc<Object>>>,
+    backing: RcuArc<Object>,
     /// `[a]` objects whose `backing` is this one (BSD's `shadow_count`).
     shadows: AtomicU32,
     /// `[O]` the object lock: serializes collapses into this object (and
@@ -269,7 +269,7 @@ impl Object {
                 id,
                 index,
                 env: ctx.own.env_ref.clone(),
-                backing: RcuBox::new(below),
+                backing: RcuArc::new(below),
                 shadows: AtomicU32::new(0),
                 lock: std::sync::Mutex::new(()),
                 absorbed: AtomicBool::new(false),
@@ -538,7 +538,7 @@ impl Drop for Object {
             self.drop_file();
         }
         self.rmap.clear(&self.env);
-        if let Some(b) = self.backing.get_mut().take() {
+        if let Some(b) = self.backing.take() {
             b.shadows.fetch_sub(1, Ordering::Relaxed);
         }
         // In this thread's buffers: an object's end allocates nothing.

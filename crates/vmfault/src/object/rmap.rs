@@ -74,9 +74,10 @@ struct Inner {
 /// heap allocation per loop.
 #[derive(Debug, Default)]
 struct Backings {
-    /// A record and its count, if any (not necessarily the first added).
+    /// `[L]` (`ObjRmap::inner`) a record and its count, if any (not
+    /// necessarily the first added).
     one: Option<Record>,
-    /// The other records and their counts.
+    /// `[L]` (`ObjRmap::inner`) the other records and their counts.
     more: HashMap<BackingKey, u32>,
 }
 

@@ -70,7 +70,7 @@ pub(crate) enum Found {
 }
 
 /// A replaced backing pointer, to reclaim after a grace period.
-pub(crate) type OldBacking = Retired<Box<Option<Arc<Object>>>>;
+pub(crate) type OldBacking = Retired<Option<Arc<Object>>>;
 
 impl Object {
     /// A new shadow object in front of `below`; `child` for the child
@@ -174,7 +174,7 @@ impl Object {
 
     /// The object below this one, if any.
     pub(crate) fn below(&self, section: &RcuReadGuard<'_>) -> Option<Arc<Object>> {
-        self.backing.read(section).clone()
+        self.backing.cloned(section)
     }
 
     /// The file object at the bottom of this chain (this one included), if any.
@@ -184,7 +184,7 @@ impl Object {
             if o.is_file() {
                 return Some(o);
             }
-            let below = o.backing.read(section).clone()?;
+            let below = o.backing.cloned(section)?;
             o = below;
         }
     }
@@ -291,8 +291,8 @@ impl Object {
         loop {
             let below = {
                 let section = ctx.rcu_read();
-                match level.backing.read(&section) {
-                    Some(b) => b.clone(),
+                match level.backing.cloned(&section) {
+                    Some(b) => b,
                     None => return Ok(collapsed),
                 }
             };
@@ -323,7 +323,7 @@ fn absorb(
     let _theirs = crate::sync::rank::lock(&below.lock, crate::sync::rank::Rank::Object);
     let still = {
         let section = ctx.rcu_read();
-        level.backing.read(&section).as_ref().is_some_and(|b| Arc::ptr_eq(b, below))
+        level.backing.read(&section).is_some_and(|b| std::ptr::eq(b, Arc::as_ptr(below)))
     };
     if !still || below.shadows.load(Ordering::Relaxed) != 1 {
         return Ok(None);
@@ -363,7 +363,7 @@ fn absorb(
     below.absorbed.store(true, Ordering::Relaxed);
     let deeper = {
         let section = ctx.rcu_read();
-        below.backing.read(&section).clone()
+        below.backing.cloned(&section)
     };
     if let Some(d) = &deeper {
         d.shadows.fetch_add(1, Ordering::Relaxed);

@@ -100,7 +100,7 @@ impl Object {
     pub(crate) fn level(self: &Arc<Self>, depth: u32, section: &RcuReadGuard<'_>) -> Option<Arc<Object>> {
         let mut o = self.clone();
         for _ in 0..depth {
-            o = o.backing.read(section).clone()?;
+            o = o.backing.cloned(section)?;
         }
         Some(o)
     }

@@ -44,7 +44,7 @@
 //! `get_state_synchronize_rcu`); [`Rcu::reclaim`] hands it back once any
 //! grace period that *started* after the cookie has completed
 //! (`poll_state_synchronize_rcu`), so every `synchronize()`, whoever calls
-//! it, moves reclamation on. [`RcuBox`] is a published pointer built on it.
+//! it, moves reclamation on. [`RcuArc`] is a published pointer built on it.
 //!
 //! # Polled grace periods: no wait when nobody is reading
 //! [`Rcu::poll`] runs the same grace period as `synchronize`, a step at a
@@ -668,99 +668,19 @@ impl RcuReader {
     }
 }
 
-/// A pointer published to RCU readers: read inside a read-side section,
-/// replaced by writers, the old value reclaimed after a grace period.
-pub struct RcuBox<T> {
-    /// `[a]` never null; loaded with Acquire inside sections, swapped by writers.
-    ptr: AtomicPtr<T>,
-}
-
-// SAFETY: readers on other threads get `&T` (needs `Sync`); the value is
-// dropped on whichever thread reclaims it (needs `Send`).
-#[allow(unsafe_code)]
-unsafe impl<T: Send + Sync> Sync for RcuBox<T> {}
-// SAFETY: as above.
-#[allow(unsafe_code)]
-unsafe impl<T: Send + Sync> Send for RcuBox<T> {}
-
-impl<T> RcuBox<T> {
-    /// Publish `value`.
-    pub fn new(value: T) -> Self {
-        RcuBox { ptr: AtomicPtr::new(Box::into_raw(Box::new(value))) }
-    }
-
-    /// The current value, for as long as the read-side section lasts.
-    #[inline]
-    #[allow(unsafe_code)]
-    pub fn read<'a>(&'a self, _section: &'a RcuReadGuard<'_>) -> &'a T {
-        // SAFETY: never null; a value is dropped only through `Retired`,
-        // after a grace period that started once it was unpublished, so it
-        // outlives every section (like ours) that could have loaded it.
-        // Acquire pairs with the swap in `replace`.
-        unsafe { &*self.ptr.load(Ordering::Acquire) }
-    }
-
-    /// The current value, then `after()`, in that order: the Acquire load
-    /// of the pointer orders every load `after` makes after it. Shadow
-    /// chains rely on this (`object::shadow`): a level's backing pointer is
-    /// read before the level's entry, so a walker that sees a collapse's
-    /// new pointer also sees the page the collapse moved up.
-    /// `--cfg vmfault_mutation="shadow_entry_first"` reverses the order, and
-    /// `tests/loom_shadow.rs` then fails.
-    #[inline]
-    pub fn read_then<'a, R>(&'a self, section: &'a RcuReadGuard<'_>, after: impl FnOnce() -> R) -> (&'a T, R) {
-        if crate::mutated!("shadow_entry_first") {
-            let r = after();
-            return (self.read(section), r);
-        }
-        let v = self.read(section);
-        (v, after())
-    }
-
-    /// The value, which no reader can be using (`&mut self`).
-    #[allow(unsafe_code)]
-    pub fn get_mut(&mut self) -> &mut T {
-        // SAFETY: never null, from `Box::into_raw`; `&mut self` means no
-        // reader borrows us (reads are tied to a borrow of `self`).
-        unsafe { &mut *self.ptr.load(Ordering::Relaxed) }
-    }
-
-    /// Publish `value`; the old one comes back to be reclaimed after a grace period.
-    #[allow(unsafe_code)]
-    pub fn replace(&self, rcu: &Rcu, value: T) -> Retired<Box<T>> {
-        let old = self.ptr.swap(Box::into_raw(Box::new(value)), Ordering::AcqRel);
-        // SAFETY: `old` came from `Box::into_raw` and is now unpublished; it
-        // is only dropped after a grace period (through `Retired`).
-        rcu.retire(unsafe { Box::from_raw(old) })
-    }
-}
-
-impl<T> Drop for RcuBox<T> {
-    #[allow(unsafe_code)]
-    fn drop(&mut self) {
-        // SAFETY: `&mut self` means no reader borrows us (reads are tied to
-        // a borrow of `self`); the pointer came from `Box::into_raw`.
-        drop(unsafe { Box::from_raw(self.ptr.load(Ordering::Relaxed)) });
-    }
-}
-
-impl<T: std::fmt::Debug> std::fmt::Debug for RcuBox<T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("RcuBox")
-    }
-}
-
-/// An `Arc` (or nothing) published to RCU readers, like [`RcuBox`] but
-/// with no allocation of its own: the pointer is the `Arc`'s, so a writer
-/// that already holds the value in an `Arc` publishes it for one
-/// reference count (the VMA index's root node, `aspace::vma`).
+/// An `Arc` (or nothing) published to RCU readers: read inside a
+/// read-side section, replaced by writers, the old value reclaimed after
+/// a grace period. No allocation of its own: the pointer is the `Arc`'s,
+/// so a writer that already holds the value in an `Arc` publishes it for
+/// one reference count (the VMA index's root node, `aspace::vma`; an
+/// object's backing object, `object::shadow`).
 pub struct RcuArc<T> {
     /// `[a]` from `Arc::into_raw`, or null for none; loaded with Acquire
     /// inside sections, swapped by writers.
     ptr: AtomicPtr<T>,
 }
 
-// SAFETY: as for `RcuBox`: readers on other threads get `&T` (`Sync`); the
+// SAFETY: readers on other threads get `&T` (`Sync`); the
 // last reference may drop on whichever thread reclaims it (`Send`).
 #[allow(unsafe_code)]
 unsafe impl<T: Send + Sync> Sync for RcuArc<T> {}
@@ -798,6 +718,54 @@ impl<T> RcuArc<T> {
         // section (like ours) that could have loaded it. Acquire pairs with
         // the swap in `replace`.
         unsafe { self.ptr.load(Ordering::Acquire).as_ref() }
+    }
+
+    /// The current value, then `after()`, in that order: the Acquire load
+    /// of the pointer orders every load `after` makes after it. Shadow
+    /// chains rely on this (`object::shadow`): a level's backing pointer is
+    /// read before the level's entry, so a walker that sees a collapse's
+    /// new pointer also sees the page the collapse moved up.
+    /// `--cfg vmfault_mutation="shadow_entry_first"` reverses the order, and
+    /// `tests/loom_shadow.rs` then fails.
+    #[inline]
+    pub fn read_then<'a, R>(&'a self, section: &'a RcuReadGuard<'_>, after: impl FnOnce() -> R) -> (Option<&'a T>, R) {
+        if crate::mutated!("shadow_entry_first") {
+            let r = after();
+            return (self.read(section), r);
+        }
+        let v = self.read(section);
+        (v, after())
+    }
+
+    /// The current value as an `Arc` of the caller's own (a reference
+    /// taken inside the section, which outlives it).
+    #[inline]
+    #[allow(unsafe_code)]
+    pub fn cloned(&self, _section: &RcuReadGuard<'_>) -> Option<Arc<T>> {
+        let p = self.ptr.load(Ordering::Acquire);
+        if p.is_null() {
+            return None;
+        }
+        // SAFETY: from `Arc::into_raw`, and the reference it stands for is
+        // given back only after a grace period that started once it was
+        // unpublished (as in `read`): for as long as our section lasts the
+        // count is at least one, so adding one and taking that new
+        // reference as an `Arc` of ours is sound.
+        unsafe {
+            Arc::increment_strong_count(p.cast_const());
+            Some(Arc::from_raw(p.cast_const()))
+        }
+    }
+
+    /// Take the value out, leaving none: no reader can be using it
+    /// (`&mut self`).
+    #[allow(unsafe_code)]
+    pub fn take(&mut self) -> Option<Arc<T>> {
+        let p = self.ptr.swap(std::ptr::null_mut(), Ordering::Relaxed);
+        // SAFETY: `&mut self` means no reader borrows us (reads are tied to
+        // a borrow of `self`); the pointer's reference is taken back once,
+        // and null is left in its place.
+        unsafe { from_ptr(p) }
     }
 
     /// Publish `value`; the old one comes back to be dropped after a grace
@@ -984,8 +952,20 @@ mod tests {
         let b = Arc::new(8u64);
         let mut list = vec![cell.replace(&rcu, Some(b.clone()))];
         drop(rcu.reclaim(&mut list, true));
+        {
+            let s = rcu.read_lock(&r);
+            let mine = cell.cloned(&s).expect("published");
+            assert!(Arc::ptr_eq(&mine, &b));
+            assert_eq!(Arc::strong_count(&b), 3, "a reference of the caller's own, taken in the section");
+        }
+        assert_eq!(Arc::strong_count(&b), 2, "and given back by its drop");
         drop(cell);
         assert_eq!(Arc::strong_count(&b), 1, "the cell's drop gives its reference back");
+        let mut cell = RcuArc::new(Some(b.clone()));
+        let took = cell.take().expect("published");
+        assert!(Arc::ptr_eq(&took, &b) && cell.take().is_none(), "taken once");
+        drop((took, cell));
+        assert_eq!(Arc::strong_count(&b), 1, "take moves the cell's reference out");
     }
 
     #[test]
@@ -1027,23 +1007,23 @@ mod tests {
     #[test]
     fn retired_objects_come_back_after_a_grace_period() {
         let (rcu, readers) = Rcu::new(1);
-        let b = RcuBox::new(1u32);
+        let b = RcuArc::new(Some(Arc::new(1u32)));
         {
             let g = rcu.read_lock(&readers[0]);
-            assert_eq!(*b.read(&g), 1);
+            assert_eq!(b.read(&g), Some(&1));
         }
-        let mut list = vec![b.replace(&rcu, 2)];
+        let mut list = vec![b.replace(&rcu, Some(Arc::new(2)))];
         assert!(rcu.reclaim(&mut list, false).is_empty(), "no grace period yet");
         let back = rcu.reclaim(&mut list, true);
         assert_eq!(back.len(), 1);
-        assert_eq!(*back[0], 1);
+        assert_eq!(back[0].as_deref(), Some(&1));
         assert!(list.is_empty());
         // Any grace period after the retirement counts.
-        let mut list = vec![b.replace(&rcu, 3)];
+        let mut list = vec![b.replace(&rcu, Some(Arc::new(3)))];
         rcu.synchronize();
         assert_eq!(rcu.reclaim(&mut list, false).len(), 1);
         let g = rcu.read_lock(&readers[0]);
-        assert_eq!(*b.read(&g), 3);
+        assert_eq!(b.read(&g), Some(&3));
     }
 
     #[test]
