@@ -454,22 +454,29 @@ impl Radix {
 
 fn walk(phys: &PhysMem, node: Pfn, level: u32, base: u64, start: u64, end: u64, f: &mut impl FnMut(u64, Pfn)) {
     let words = phys.words(node);
-    let first = if start > base { ((start - base) / span(level)) as usize } else { 0 };
-    for (i, slot) in words.iter().enumerate().skip(first) {
-        let lo = base + i as u64 * span(level);
-        if lo >= end {
-            break;
-        }
-        let e = slot.load(Ordering::Acquire);
-        if e == 0 {
-            continue;
-        }
+    let (first, last) = slots_over(base, level, start, end);
+    let mut i = first;
+    while let Some((at, e)) = next_nonzero(words, i, last) {
+        i = at + 1;
+        let lo = base + at as u64 * span(level);
         if level == 1 {
             f(lo, child_of(e));
         } else {
             walk(phys, child_of(e), level - 1, lo, start, end, f);
         }
     }
+}
+
+/// The slots of a node at `level` whose first index is `base` that cover
+/// part of `start..end`: `first..last` (empty if none). A walk over them
+/// tests eight empty slots at a time (`next_nonzero`): a munmap's walks
+/// over a 128 MiB mapping read 64 slots of a 1 GiB table for its one
+/// child.
+#[inline]
+fn slots_over(base: u64, level: u32, start: u64, end: u64) -> (usize, usize) {
+    let first = (start.saturating_sub(base) / span(level)).min(WORDS as u64) as usize;
+    let last = end.saturating_sub(base).div_ceil(span(level)).min(WORDS as u64) as usize;
+    (first, last)
 }
 
 /// What a prune may free (see [`Radix::prune`]), in index units.
@@ -492,16 +499,12 @@ fn prune_node(phys: &PhysMem, node: Pfn, level: u32, base: u64, r: &PruneRange, 
         return;
     }
     let words = phys.words(node);
-    let first = if r.start > base { ((r.start - base) / span(level)) as usize } else { 0 };
-    for (i, slot) in words.iter().enumerate().skip(first) {
-        let lo = base + i as u64 * span(level);
-        if lo >= r.end {
-            break;
-        }
-        let e = slot.load(Ordering::Acquire);
-        if e == 0 {
-            continue;
-        }
+    let (first, last) = slots_over(base, level, r.start, r.end);
+    let mut i = first;
+    while let Some((at, e)) = next_nonzero(words, i, last) {
+        i = at + 1;
+        let slot = &words[at];
+        let lo = base + at as u64 * span(level);
         let hi = lo + span(level);
         if r.floor <= lo && hi <= r.ceiling {
             slot.store(0, Ordering::Release);
