@@ -359,18 +359,8 @@ impl Radix {
 
     /// Call `f(index, leaf)` for every non-zero leaf entry with index in
     /// `start..end`. Same caller rule as [`Radix::leaf`].
-    pub(crate) fn for_each_present(&self, phys: &PhysMem, start: u64, end: u64, mut f: impl FnMut(u64, Leaf<'_>)) {
-        self.for_each_leaf_node(phys, start, end, |base, node| {
-            let words = phys.words(node);
-            let lo = start.max(base) - base;
-            let hi = end.min(base + WORDS as u64) - base;
-            for i in lo..hi {
-                let entry = &words[i as usize];
-                if entry.load(Ordering::Acquire) != 0 {
-                    f(base + i, Leaf::new(entry, node));
-                }
-            }
-        });
+    pub(crate) fn for_each_present(&self, phys: &PhysMem, start: u64, end: u64, f: impl FnMut(u64, Leaf<'_>)) {
+        self.each_present(phys, start, end, false, f);
     }
 
     /// [`for_each_present`](Radix::for_each_present) of an object index,
@@ -384,11 +374,17 @@ impl Radix {
     /// Same caller rule as [`Radix::leaf`]; besides, every reserve that
     /// handed out a slot whose entry the caller must find happens-before
     /// the call (its entry then lies in the span the call reads).
-    pub(crate) fn for_each_spanned(&self, phys: &PhysMem, start: u64, end: u64, mut f: impl FnMut(u64, Leaf<'_>)) {
+    pub(crate) fn for_each_spanned(&self, phys: &PhysMem, start: u64, end: u64, f: impl FnMut(u64, Leaf<'_>)) {
         debug_assert_eq!(self.kind, Kind::Index, "a page table's leaves keep no span");
+        self.each_present(phys, start, end, true, f);
+    }
+
+    /// The walk of both: every non-zero leaf entry in `start..end`, in
+    /// each leaf's span only if `spanned`.
+    fn each_present(&self, phys: &PhysMem, start: u64, end: u64, spanned: bool, mut f: impl FnMut(u64, Leaf<'_>)) {
         self.for_each_leaf_node(phys, start, end, |base, node| {
             let words = phys.words(node);
-            let (lo, hi) = leaf_span(phys, node);
+            let (lo, hi) = if spanned { leaf_span(phys, node) } else { (0, WORDS) };
             let lo = (start.max(base) - base).max(lo as u64);
             let hi = (end.min(base + WORDS as u64) - base).min(hi as u64);
             for i in lo..hi {
