@@ -347,9 +347,9 @@ pub(crate) struct Gather {
     /// where others see them, so even with `free_path=deferred` the change
     /// waits for its grace period before it returns.
     pub(crate) shared: u64,
-    /// The zones (`Seen::snap_zones` bits) of the removed VMAs that
-    /// held objects, which the old snapshots keep alive (0: none).
-    pub(crate) gone: u64,
+    /// The zones of the removed VMAs that held objects, which the old
+    /// snapshots keep alive (empty: none).
+    pub(crate) gone: zones::ZoneSet,
 }
 
 thread_local! {
@@ -367,7 +367,7 @@ impl Default for Gather {
         if frames.capacity() > GATHER_KEEP {
             frames.shrink_to(GATHER_KEEP);
         }
-        Gather { frames, ptes: 0, shared: 0, gone: 0 }
+        Gather { frames, ptes: 0, shared: 0, gone: zones::ZoneSet::default() }
     }
 }
 
@@ -402,7 +402,7 @@ impl Drop for MapWrite<'_> {
                     retired.reserve(RETIRED_ROOM);
                 }
                 retired.push(old);
-                mine.seen.note_locked(1u64 << (z % 64));
+                mine.seen.note_zone_locked(z);
             }
         });
         if self.added != 0 {
@@ -622,9 +622,8 @@ impl Space {
     /// `free_path=deferred`, queues the frames on this vCPU's deferred
     /// list and waits for nothing. Then it frees the snapshots whose grace
     /// period has passed (polling for one that ages them all); with
-    /// `g.gone` (the zones, as `Seen::snap_zones` bits, of the VMAs it
-    /// removed that held objects, which the old snapshots keep alive; 0
-    /// for none), or too many pending, and a poll that does not
+    /// `g.gone` (the zones of the VMAs it removed that held objects,
+    /// which the old snapshots keep alive; empty for none), or too many pending, and a poll that does not
     /// complete, it waits for one (with `free_path=deferred`, queues them on
     /// this vCPU's deferred list instead, dropped at its next change once
     /// aged: no wait). Returns the proof of a look at the readers, taken
@@ -632,7 +631,7 @@ impl Space {
     /// if it looked and found none (for what the caller frees after).
     pub(crate) fn finish(&self, ctx: &Ctx<'_>, g: Gather) -> Option<Quiet> {
         let Gather { mut frames, ptes, shared, gone } = g;
-        let objects_gone = gone != 0;
+        let objects_gone = !gone.is_empty();
         frames.extend(ctx.m.take_orphans());
         let frames = &frames[..];
         let rcu = &self.vm.m.rcu;
@@ -669,7 +668,7 @@ impl Space {
                 if look(&mut quiet).is_some() {
                     ctx.frames().free_aged(frames);
                 } else {
-                    ctx.frames().free_after_grace(frames);
+                    ctx.frames().free_after_busy_look(frames);
                 }
             }
         } else if ptes > 0 || !frames.is_empty() {
@@ -705,7 +704,7 @@ impl Space {
                 drop(others);
             });
         }
-        let (mine, pending) = (&self.zones.cpus[slot].retired, &self.zones.cpus[slot].seen.pending);
+        let mine = &self.zones.cpus[slot].retired;
         let mut retired = rank::lock(mine, Rank::Leaf);
         if retired.is_empty() || (retired.len() < RECLAIM_BATCH && !objects_gone) {
             return quiet.flatten();
@@ -723,6 +722,10 @@ impl Space {
                 rcu.reclaim_quiet(&mut retired, proof, |s| done.push(s));
                 true
             }
+            // The look, after every entry was retired, found a reader
+            // inside a section: another now would likely find one too,
+            // and each reads every other vCPU's counter line.
+            None if own => false,
             _ => rcu.reclaim_quiescent(&mut retired, |s| done.push(s)),
         };
         if reclaimed {
@@ -756,9 +759,11 @@ impl Space {
             self.drop_aged(ctx, done);
             return quiet.flatten();
         }
+        // (`Seen` keeps its values, as above: cleared here, its line was
+        // written twice per change, and at 16 vCPUs every other vCPU's
+        // munmap that removed objects missed on it: 22% of a vmlocal
+        // munmap's `finish` was that read.)
         let mut list = std::mem::take(&mut *retired);
-        pending.store(false, std::sync::atomic::Ordering::Relaxed);
-        let zones = self.zones.cpus[slot].seen.snap_zones.swap(0, std::sync::atomic::Ordering::Relaxed);
         drop(retired);
         if let Some(d) = &self.vm.m.phys.deferred {
             // free_path=deferred: instead of waiting, queue them (and the
@@ -787,32 +792,31 @@ impl Space {
         if !list.is_empty() {
             let mut retired = rank::lock(mine, Rank::Leaf);
             retired.append(&mut list);
-            self.zones.cpus[slot].seen.note_locked(zones);
         }
         self.drop_aged(ctx, done);
         quiet.flatten()
     }
 
     /// Move the retired snapshots of every other vCPU slot that may hold
-    /// some of the zones `gone` (`Seen::snap_zones` bits) onto `slot`'s
+    /// some of the zones `gone` (`Seen::snap_zones`) onto `slot`'s
     /// list (a slot whose lock is busy is left, and the next call takes
     /// every pending list: `takeover_missed`).
-    fn take_retired_of_others(&self, slot: usize, gone: u64) {
+    fn take_retired_of_others(&self, slot: usize, gone: zones::ZoneSet) {
         use std::sync::atomic::Ordering::Relaxed;
         let mut taken = Vec::new();
-        let mut zones = 0;
+        let mut zones = zones::ZoneSet::default();
         let gone = if self.takeover_missed.load(Relaxed) && self.takeover_missed.swap(false, Relaxed) {
-            u64::MAX
+            zones::ZoneSet::ALL
         } else {
             gone
         };
         for (i, cpu) in self.zones.cpus.iter().enumerate() {
-            if i == slot || !cpu.seen.pending.load(Relaxed) || cpu.seen.snap_zones.load(Relaxed) & gone == 0 {
+            if i == slot || !cpu.seen.pending.load(Relaxed) || !cpu.seen.snap_zones.load().meets(gone) {
                 continue;
             }
             if let Some(mut list) = Ranked::try_take(Rank::Leaf, || cpu.retired.try_lock().ok()) {
                 taken.append(&mut list);
-                zones |= cpu.seen.snap_zones.swap(0, Relaxed);
+                zones = zones.with(cpu.seen.snap_zones.take());
                 cpu.seen.pending.store(false, Relaxed);
             } else {
                 self.takeover_missed.store(true, Relaxed);
@@ -856,7 +860,15 @@ impl Space {
         unlinked: crate::sync::rcu::GpCookie,
         quiet: Option<Quiet>,
     ) {
-        let ends = || removed.iter().any(|v| v.object.get().is_some());
+        // An object can end here only with a record nobody else holds:
+        // one a retired snapshot still names keeps its object alive past
+        // this call, and then no look or poll is owed (at 16 vCPUs they
+        // cost a vmlocal munmap a look at every vCPU's counter and a poll).
+        // A record held elsewhere now may be let go meanwhile, and this
+        // drop end its object: that object then frees its own frames after
+        // a grace period of its own, as when no look found the readers
+        // quiet. (A count of one cannot grow: nothing else holds it.)
+        let ends = || removed.iter().any(|v| v.object.get().is_some() && Arc::strong_count(v) == 1);
         let rcu = &ctx.env.rcu;
         // Only with published snapshots: a retired snapshot keeps each VMA
         // it names (and its object) alive until a grace period after that

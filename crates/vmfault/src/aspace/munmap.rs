@@ -71,7 +71,10 @@ impl Space {
     pub(super) fn end_removal(&self, ctx: &Ctx<'_>, mut g: Gather, carved: Removed) {
         let unlinked = ctx.env.rcu.cookie();
         let geo = self.zones.geo();
-        g.gone = carved.iter().filter(|v| v.object.get().is_some()).fold(0, |m, v| m | geo.zone_bits(v.start, v.end));
+        g.gone = carved
+            .iter()
+            .filter(|v| v.object.get().is_some())
+            .fold(super::zones::ZoneSet::default(), |s, v| s.with(geo.zone_set(v.start, v.end)));
         // Removed VMAs were unlinked before `finish`'s look at the readers.
         let quiet = self.finish(ctx, g);
         self.write_back_removed(ctx, &carved);

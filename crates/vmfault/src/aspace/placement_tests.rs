@@ -91,3 +91,37 @@ fn the_homes_of_the_first_vcpus_share_no_line_of_the_root_table() {
         assert!(home < linux && zones_seen.insert(home), "slot {slot}: home {home}");
     }
 }
+
+#[test]
+fn the_zone_sets_of_distinct_homes_never_meet() {
+    use super::zones::ZoneSet;
+    use crate::types::PAGE_SIZE;
+    let vm = vm(MapLock::Zoned);
+    let space = vm.new_space().unwrap();
+    let zones = &space.s.zones;
+    let geo = zones.geo();
+    let linux = zones.zone_of(MMAP_BASE - 1);
+    let page_of = |z: usize| geo.zone_set(geo.start_of(z), geo.start_of(z) + PAGE_SIZE);
+    // Every home of 64 slots, Linux's zone, and vmlocal's and brk1's
+    // consecutive zones: one set each, meeting none of the others' (with a
+    // bit per zone modulo 64, slots 8 apart met).
+    let mut all: Vec<usize> = (0..64).map(|slot| zones.home_below(linux, slot).unwrap()).collect();
+    all.push(linux);
+    all.extend((0..64).map(|t| ((112usize << 40) - t * (512 << 30)) >> 39));
+    all.sort_unstable();
+    all.dedup();
+    for (i, &a) in all.iter().enumerate() {
+        assert!(!page_of(a).is_empty());
+        assert!(page_of(a).meets(ZoneSet::ALL));
+        for &b in &all[i + 1..] {
+            assert!(!page_of(a).meets(page_of(b)), "zones {a} and {b} meet");
+        }
+    }
+    // A range across a zone edge is in both zones' sets, and in no third.
+    let edge = geo.start_of(linux);
+    let across = geo.zone_set(edge - PAGE_SIZE, edge + PAGE_SIZE);
+    assert!(across.meets(page_of(linux)) && across.meets(page_of(linux - 1)));
+    assert!(!across.meets(page_of(linux - 2)));
+    assert_eq!(across, page_of(linux).with(page_of(linux - 1)));
+    assert_eq!(geo.zone_set(0, u64::MAX), ZoneSet::ALL);
+}

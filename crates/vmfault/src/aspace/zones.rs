@@ -97,32 +97,125 @@ pub(crate) struct Zone {
     pub(super) snapshot: RcuArc<SnapshotNode>,
 }
 
+/// A set of zones, exact for the 256 zones of `map_lock=zoned` (zone `z`
+/// is bit `z % 256`): what a vCPU slot's retired snapshots may name, and
+/// the zones of the VMAs a change removed. One bit per zone, not per
+/// zone modulo 64: with 64 bits the home zones of slots 8 apart
+/// (`Zones::home_below` spaces them by a root-table line, 8 zones)
+/// shared a bit, so at 16 vCPUs every `malloc1` munmap took over another
+/// vCPU's retired list (its lock, its `Seen` line) that held nothing of
+/// its zone.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ZoneSet([u64; 4]);
+
+impl ZoneSet {
+    /// Every zone.
+    pub(crate) const ALL: ZoneSet = ZoneSet([u64::MAX; 4]);
+
+    /// Add zone `z`.
+    #[inline]
+    fn add(&mut self, z: usize) {
+        self.0[z / 64 % 4] |= 1 << (z % 64);
+    }
+
+    /// Whether the set holds no zone.
+    pub(crate) fn is_empty(self) -> bool {
+        self.0 == [0; 4]
+    }
+
+    /// Whether the two sets hold a zone in common.
+    pub(crate) fn meets(self, other: ZoneSet) -> bool {
+        self.0.iter().zip(other.0).any(|(a, b)| a & b != 0)
+    }
+
+    /// Both sets' zones.
+    #[must_use]
+    pub(crate) fn with(mut self, other: ZoneSet) -> ZoneSet {
+        self.0.iter_mut().zip(other.0).for_each(|(a, b)| *a |= b);
+        self
+    }
+}
+
+/// A [`ZoneSet`] that other vCPUs read while its owner adds to it.
+#[derive(Debug, Default)]
+pub(crate) struct AtomicZoneSet([std::sync::atomic::AtomicU64; 4]);
+
+impl AtomicZoneSet {
+    /// The zones now (each word Relaxed: a superset is all a reader needs).
+    pub(crate) fn load(&self) -> ZoneSet {
+        use std::sync::atomic::Ordering::Relaxed;
+        ZoneSet(std::array::from_fn(|i| self.0[i].load(Relaxed)))
+    }
+
+    /// Add `zones`, writing only the words that change.
+    pub(crate) fn add(&self, zones: ZoneSet) {
+        for (i, bits) in zones.0.into_iter().enumerate() {
+            self.add_bits(i, bits);
+        }
+    }
+
+    /// Add zone `z` alone (a change's: one word looked at).
+    #[inline]
+    pub(crate) fn add_one(&self, z: usize) {
+        self.add_bits(z / 64 % 4, 1 << (z % 64));
+    }
+
+    /// Add `bits` to word `i`, writing it only if that changes it.
+    #[inline]
+    fn add_bits(&self, i: usize, bits: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.0[i].load(Relaxed) & bits != bits {
+            self.0[i].fetch_or(bits, Relaxed);
+        }
+    }
+
+    /// Empty the set, returning what it held.
+    pub(crate) fn take(&self) -> ZoneSet {
+        use std::sync::atomic::Ordering::Relaxed;
+        ZoneSet(std::array::from_fn(|i| if self.0[i].load(Relaxed) == 0 { 0 } else { self.0[i].swap(0, Relaxed) }))
+    }
+}
+
 /// What a vCPU slot's retired list may hold, as other vCPUs look at it
 /// ([`SpaceCpu::seen`]).
 #[derive(Debug, Default)]
 pub(crate) struct Seen {
-    /// `[a]` whether `retired` may hold entries (written under its lock): a
-    /// change that removed objects takes other vCPUs' entries, which may
-    /// be what keeps them alive (`Space::finish`), without touching the
-    /// lists of vCPUs that have none.
+    /// `[a]` whether `retired` may hold entries (written under its lock;
+    /// set when an entry is pushed, cleared only when another vCPU takes
+    /// the list, as `snap_zones`): a change that removed objects takes
+    /// other vCPUs' entries, which may be what keeps them alive
+    /// (`Space::finish`), without touching the lists of vCPUs that have
+    /// none.
     pub(super) pending: std::sync::atomic::AtomicBool,
-    /// `[a]` the zones whose snapshots `retired` may hold, bit `z % 64`
-    /// for zone `z` (a superset, set only where it was not, and cleared only
-    /// when the list is taken; written under its lock): a change that
-    /// removed objects of some zones takes over only the lists that may
-    /// keep them alive, so vCPUs changing zones of their own never touch
-    /// each other's lists (`zone_bits`).
-    pub(super) snap_zones: std::sync::atomic::AtomicU64,
+    /// `[a]` the zones whose snapshots `retired` may hold (a superset,
+    /// added to only where it lacks them, and emptied only when another
+    /// vCPU takes the list; written under its lock): a change that removed objects
+    /// of some zones takes over only the lists that may keep them alive,
+    /// so vCPUs changing zones of their own never touch each other's
+    /// lists (`zone_set`).
+    pub(super) snap_zones: AtomicZoneSet,
 }
 
 impl Seen {
-    /// Note that the list holds a snapshot of the zones `bits` (under the
+    /// Note that the list holds a snapshot of the zones `zones` (under the
     /// list's lock), writing only what changes.
-    pub(super) fn note_locked(&self, bits: u64) {
+    pub(super) fn note_locked(&self, zones: ZoneSet) {
+        self.snap_zones.add(zones);
+        self.note_pending_locked();
+    }
+
+    /// [`note_locked`](Self::note_locked) for one zone, `z` (a change's
+    /// retired snapshot).
+    #[inline]
+    pub(super) fn note_zone_locked(&self, z: usize) {
+        self.snap_zones.add_one(z);
+        self.note_pending_locked();
+    }
+
+    /// Note that the list may hold entries, writing only if it changes.
+    #[inline]
+    fn note_pending_locked(&self) {
         use std::sync::atomic::Ordering::Relaxed;
-        if self.snap_zones.load(Relaxed) & bits != bits {
-            self.snap_zones.fetch_or(bits, Relaxed);
-        }
         if !self.pending.load(Relaxed) {
             self.pending.store(true, Relaxed);
         }
@@ -184,10 +277,15 @@ impl Geometry {
         (self.zone_of(start), self.zone_of(end.max(start.saturating_add(1)) - 1))
     }
 
-    /// The bits of [`Seen::snap_zones`] for the zones `start..end` touches.
-    pub(crate) fn zone_bits(self, start: u64, end: u64) -> u64 {
+    /// The zones `start..end` touches, as a [`ZoneSet`].
+    pub(crate) fn zone_set(self, start: u64, end: u64) -> ZoneSet {
         let (first, last) = self.span(start, end);
-        if last - first >= 63 { u64::MAX } else { (first..=last).fold(0, |m, z| m | 1u64 << (z % 64)) }
+        if last - first >= 255 {
+            return ZoneSet::ALL;
+        }
+        let mut s = ZoneSet::default();
+        (first..=last).for_each(|z| s.add(z));
+        s
     }
 
     /// The first address of zone `z`.

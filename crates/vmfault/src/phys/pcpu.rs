@@ -412,6 +412,26 @@ impl<'a> Frames<'a> {
     /// this poll started ages them (a later poll, at this vCPU's next
     /// cache miss or free, completes it).
     pub(crate) fn free_after_grace(&self, frames: &[Pfn]) {
+        self.free_after(frames, true);
+    }
+
+    /// [`Frames::free_after_grace`] for a caller whose own look at the
+    /// readers (`Rcu::quiet`, after every unlink of these frames) has just
+    /// found one inside a section: no second look, and no poll of its own
+    /// with `free_path=deferred` (the one `take_back` makes, at this call
+    /// or this vCPU's next, starts the grace period that ages them). Each
+    /// look reads every other vCPU's RCU counter, a line its owner writes
+    /// at every section, and each poll writes lines every vCPU's polls
+    /// write: at 16 vCPUs, a munmap's second look and its extra polls
+    /// were the largest part of vmlocal's cost beyond one vCPU's.
+    pub(crate) fn free_after_busy_look(&self, frames: &[Pfn]) {
+        self.free_after(frames, false);
+    }
+
+    /// Free published frames after a grace period; `look`: whether to look
+    /// at the readers and poll first (else the caller found one inside a
+    /// section).
+    fn free_after(&self, frames: &[Pfn], look: bool) {
         let phys = self.phys;
         let cpu = self.cpu.as_ref().expect("freeing published frames needs a vCPU's RCU reader");
         let Some(pcp) = &phys.pcp else {
@@ -422,9 +442,11 @@ impl<'a> Frames<'a> {
         }
         let cookie = cpu.rcu.cookie();
         // No reader inside a section: aged now, learnt with no shared
-        // write; else a polled grace period.
-        let aged = cpu.rcu.quiescent() || cpu.rcu.poll(cookie);
-        if let Some(d) = &phys.deferred {
+        // write; else a polled grace period (with `free_path=deferred`,
+        // only if the caller did not just look).
+        let deferred = phys.deferred.as_ref();
+        let aged = (look || deferred.is_none()) && (cpu.rcu.quiescent() || cpu.rcu.poll(cookie));
+        if let Some(d) = deferred {
             // free_path=deferred: no wait here. What this vCPU queued
             // before and has aged since comes back first.
             let moving = pcp.local(cpu.rcu, cpu.reader, |m| self.take_back(m, d));
