@@ -623,8 +623,8 @@ impl Space {
     /// list and waits for nothing. Then it frees the snapshots whose grace
     /// period has passed (polling for one that ages them all); with
     /// `g.gone` (the zones of the VMAs it removed that held objects,
-    /// which the old snapshots keep alive; empty for none), or too many pending, and a poll that does not
-    /// complete, it waits for one (with `free_path=deferred`, queues them on
+    /// which the old snapshots keep alive; empty for none), or too many
+    /// pending, and a poll that does not complete, it waits for one (with `free_path=deferred`, queues them on
     /// this vCPU's deferred list instead, dropped at its next change once
     /// aged: no wait). Returns the proof of a look at the readers, taken
     /// after every unlink of the change, that found none inside a section,

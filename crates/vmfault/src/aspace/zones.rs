@@ -189,10 +189,10 @@ pub(crate) struct Seen {
     pub(super) pending: std::sync::atomic::AtomicBool,
     /// `[a]` the zones whose snapshots `retired` may hold (a superset,
     /// added to only where it lacks them, and emptied only when another
-    /// vCPU takes the list; written under its lock): a change that removed objects
-    /// of some zones takes over only the lists that may keep them alive,
-    /// so vCPUs changing zones of their own never touch each other's
-    /// lists (`zone_set`).
+    /// vCPU takes the list; written under its lock): a change that
+    /// removed objects of some zones takes over only the lists that may
+    /// keep them alive, so vCPUs changing zones of their own never touch
+    /// each other's lists (`zone_set`).
     pub(super) snap_zones: AtomicZoneSet,
 }
 
