@@ -169,14 +169,18 @@ impl FrameOrder {
 ///   huge page last for the same reason). It cost ebizzy 0.71x at one vCPU
 ///   on the project's 2-core machine (README, `zero_stores`): it is there
 ///   to compare.
-/// - `Auto`: streaming for a frame this vCPU put in its cache at least
-///   [`STREAM_AFTER_FRAMES`] of its allocations ago, or never (another
-///   vCPU's, or one that has not been in a cache since the `Vm` began; a
-///   frame this vCPU's cache overflowed to the global list keeps its
-///   stamp); ordinary stores for the rest (a stamp in the page descriptor
-///   written as the frame enters a cache; the stamp says when a frame entered the cache, not which of its
-///   lines are still there: a guess, which can only choose the slower
-///   stores, never change what the frame holds). Without per-CPU caches
+/// - `Auto`: ordinary stores for a frame whose lines this vCPU wrote
+///   lately: it took the frame less than [`STREAM_AFTER_FRAMES`] of its
+///   allocations before it freed it into its cache, and freed it less
+///   than that many ago (a vmlocal or ebizzy loop); streaming for the rest
+///   (a frame another vCPU had or that has not been in a cache since the
+///   `Vm` began, one freed long ago, or one taken long before its free: a
+///   page_fault1 munmap frees 32,768 frames it reads no line of). Two
+///   stamps in the page descriptor, written as the frame is taken and as
+///   it enters a cache; a frame this vCPU's cache overflowed to the global
+///   list keeps its stamps. They say when the vCPU last took and freed the
+///   frame, not which of its lines are still cached: a guess, which can
+///   only choose the slower stores, never change what the frame holds. Without per-CPU caches
 ///   (`pcpu_pages=0`) nothing is stamped and `auto` is `cached`. Stores
 ///   are ordered before the frame is published (a fence after streaming
 ///   ones). Other architectures than x86-64 use ordinary stores whatever

@@ -101,11 +101,17 @@ pub(crate) struct Page {
     /// `[o]` when the frame last went into a vCPU's cache, for
     /// `zero_stores=auto` (`Frames::zero_for`): that vCPU's slot plus one
     /// (bits 21 and up) and its frame allocations then (the low 21 bits);
-    /// 0: never. Written by whoever frees the frame into its cache.
+    /// 0: never, or the vCPU had taken it long before (`taken_at`): its
+    /// lines had left the caches already. Written by whoever frees the
+    /// frame into its cache (`pcpu::restamp`).
     pub(crate) cached_at: AtomicU32,
+    /// `[o]` when a vCPU last took the frame from a cache or the free
+    /// list, as `cached_at` (its new owner writes it then: zeroes, copies
+    /// into, reads into). Written by the allocation.
+    pub(crate) taken_at: AtomicU32,
 }
 
-/// The budget: at most 64 bytes per frame (56 used), one cache line, so
+/// The budget: at most 64 bytes per frame (60 used), one cache line, so
 /// that metadata stays a sixty-fourth of memory.
 /// Not under loom, whose model atomics are larger than the real ones.
 #[cfg(not(loom))]
@@ -126,6 +132,7 @@ impl Page {
             children: AtomicU32::new(0),
             zeroed: AtomicU32::new(0),
             cached_at: AtomicU32::new(0),
+            taken_at: AtomicU32::new(0),
         }
     }
 

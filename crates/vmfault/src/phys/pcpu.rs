@@ -184,6 +184,11 @@ impl<'a> Frames<'a> {
         };
         if let Some(cpu) = &self.cpu {
             cpu.counters.note_frame(u64::from(f.pfn().0));
+            // Its new owner writes it now: a free soon after finds its
+            // lines in this vCPU's caches (`restamp`).
+            if self.phys.pcp.is_some() {
+                self.phys.page(f.pfn()).taken_at.store(cache_stamp(cpu), Ordering::Relaxed);
+            }
         }
         Some(f)
     }
@@ -339,9 +344,7 @@ impl<'a> Frames<'a> {
     #[inline(always)]
     fn left_caches(&self, pfn: Pfn, after: u32) -> bool {
         let (Some(cpu), Some(_)) = (&self.cpu, &self.phys.pcp) else { return false };
-        let then = self.phys.page(pfn).cached_at.load(Ordering::Relaxed);
-        let now = cache_stamp(cpu);
-        then >> STAMP_BITS != now >> STAMP_BITS || now.wrapping_sub(then) & STAMP_MASK >= after
+        stamp_left(self.phys.page(pfn).cached_at.load(Ordering::Relaxed), cache_stamp(cpu), after)
     }
 
     /// Count `n` events `c` on this vCPU (on the shared set without one).
@@ -386,7 +389,7 @@ impl<'a> Frames<'a> {
             return drop(f);
         };
         let pfn = f.into_pfn();
-        phys.page(pfn).cached_at.store(cache_stamp(cpu), Ordering::Relaxed);
+        restamp(phys.page(pfn), cache_stamp(cpu), phys.stream_after());
         pcp.local(cpu.rcu, cpu.reader, |m| {
             if let Err(p) = m.push(pfn.0) {
                 if m.can_grow() && !phys.short_of_frames() {
@@ -516,8 +519,9 @@ impl<'a> Frames<'a> {
             phys.free.give(&phys.pages, cold.iter().map(|&p| phys.retire(p, &mut freed)));
         }
         let stamp = self.cpu.as_ref().map_or(0, cache_stamp);
+        let after = phys.stream_after();
         m.extend(warm.iter().map(|&p| {
-            phys.page(p).cached_at.store(stamp, Ordering::Relaxed);
+            restamp(phys.page(p), stamp, after);
             phys.retire(p, &mut freed)
         }));
         freed.count(|c, n| self.count(c, n));
@@ -545,4 +549,24 @@ const STAMP_MASK: u32 = (1 << STAMP_BITS) - 1;
 fn cache_stamp(cpu: &CpuFrames<'_>) -> u32 {
     let slot = (cpu.reader.index() as u32).wrapping_add(1);
     (slot << STAMP_BITS) | (cpu.counters.get(Counter::frame_allocs) as u32 & STAMP_MASK)
+}
+
+/// Whether a frame stamped `then` has left the caches of the vCPU whose
+/// stamp is `now`: another vCPU stamped it (or none), or this one has
+/// allocated `after` frames since.
+#[inline(always)]
+fn stamp_left(then: u32, now: u32, after: u32) -> bool {
+    then >> STAMP_BITS != now >> STAMP_BITS || now.wrapping_sub(then) & STAMP_MASK >= after
+}
+
+/// Stamp `page`, which this vCPU (stamp `now`) puts in its cache, as
+/// cached now if its lines may still be in the vCPU's caches: this vCPU
+/// took it less than `after` of its allocations ago (`Page::taken_at`);
+/// else as never cached. A frame taken and written long ago and freed now
+/// (a page_fault1 munmap frees 32,768 frames and reads no line of them)
+/// has left the caches, and its next fault streams its zeros.
+#[inline(always)]
+fn restamp(page: &super::Page, now: u32, after: Option<u32>) {
+    let lately = after.is_none_or(|a| !stamp_left(page.taken_at.load(Ordering::Relaxed), now, a));
+    page.cached_at.store(if lately { now } else { 0 }, Ordering::Relaxed);
 }
