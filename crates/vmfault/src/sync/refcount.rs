@@ -82,9 +82,13 @@ impl RefCount {
     }
 
     /// The frame is free again (or was never published): forget every
-    /// reference. Only the frame's owner calls this.
+    /// reference. Only the frame's owner calls this, when nobody else can
+    /// reach the frame (past its grace period, or never published): a load
+    /// and a plain store, no locked instruction (one per freed frame).
+    #[inline]
     pub fn clear(&self) {
-        let old = self.0.swap(0, Ordering::Relaxed);
+        let old = self.0.load(Ordering::Relaxed);
+        self.0.store(0, Ordering::Relaxed);
         // Real checks from here on (on values the atomic already returned):
         // a wrong count frees a page something still uses.
         assert_eq!(old & WIRINGS, 0, "freeing a wired page ({old:#x})");
