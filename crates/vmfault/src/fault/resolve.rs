@@ -140,7 +140,7 @@ pub(super) fn resolve_stable(
         && let Some(new) = fresh.as_mut()
     {
         match below {
-            Some(src) => phys.copy_into(&mut new.frame, src),
+            Some(src) => frames.copy_into(&mut new.frame, src),
             None => {
                 // The page below went meanwhile (paged out): look again.
                 discard(&frames, fresh);
@@ -287,7 +287,7 @@ pub(super) fn filled<'p>(
 ) -> Option<Fresh<'p>> {
     if let Some(new) = fresh.as_mut() {
         match found {
-            Found::Below(src) => frames.phys().copy_into(&mut new.frame, src),
+            Found::Below(src) => frames.copy_into(&mut new.frame, src),
             _ => frames.zero_for(&mut new.frame, addr),
         }
     }

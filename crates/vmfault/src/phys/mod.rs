@@ -1216,8 +1216,9 @@ mod tests {
             phys.set_zero_ahead(AHEAD);
             let c = CounterSet::new();
             let a = Frames::new(&phys, &rcu, &readers[0], &c);
-            // Eight frames holding garbage, freed into a's cache.
-            let mut got: Vec<OwnedFrame> = (0..8).map(|_| a.alloc().unwrap()).collect();
+            // Eight frames holding garbage, freed into a's cache (taken
+            // zeroed, so stamped as written: `Page::taken_at`).
+            let mut got: Vec<OwnedFrame> = (0..8).map(|_| a.alloc_zeroed().unwrap()).collect();
             for f in &mut got {
                 phys.owned_bytes(f).fill(0xa5);
             }

@@ -105,9 +105,11 @@ pub(crate) struct Page {
     /// lines had left the caches already. Written by whoever frees the
     /// frame into its cache (`pcpu::restamp`).
     pub(crate) cached_at: AtomicU32,
-    /// `[o]` when a vCPU last took the frame from a cache or the free
-    /// list, as `cached_at` (its new owner writes it then: zeroes, copies
-    /// into, reads into). Written by the allocation.
+    /// `[o]` when a vCPU last took the frame and wrote it whole, as
+    /// `cached_at`: written by a fault that zeroes or copies into it, and
+    /// by a zeroed allocation (a page-table page), where
+    /// `zero_stores=auto` reads it (`Frames::note_taken`). A frame read
+    /// into from a file or swap is not stamped: its free finds it cold.
     pub(crate) taken_at: AtomicU32,
 }
 

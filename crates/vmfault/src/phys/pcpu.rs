@@ -184,11 +184,6 @@ impl<'a> Frames<'a> {
         };
         if let Some(cpu) = &self.cpu {
             cpu.counters.note_frame(u64::from(f.pfn().0));
-            // Its new owner writes it now: a free soon after finds its
-            // lines in this vCPU's caches (`restamp`).
-            if self.phys.pcp.is_some() {
-                self.phys.page(f.pfn()).taken_at.store(cache_stamp(cpu), Ordering::Relaxed);
-            }
         }
         Some(f)
     }
@@ -260,10 +255,30 @@ impl<'a> Frames<'a> {
     /// frame known to hold zeros spared.
     #[inline]
     pub(crate) fn zero(&self, f: &mut OwnedFrame) {
+        self.note_taken(f);
         if !self.phys.zero(f)
             && let Some(cpu) = &self.cpu
         {
             cpu.counters.inc(Counter::zeroings_skipped);
+        }
+    }
+
+    /// Copy published frame `src` into owned frame `f` (a copy on write),
+    /// noting that this vCPU wrote it whole (`Page::taken_at`).
+    #[inline]
+    pub(crate) fn copy_into(&self, f: &mut OwnedFrame, src: Pfn) {
+        self.note_taken(f);
+        self.phys.copy_into(f, src);
+    }
+
+    /// Stamp `f`, which this vCPU has just taken and writes whole, with
+    /// when it took it (`Page::taken_at`), where `zero_stores=auto` reads
+    /// the stamps (`restamp`). Faults that zero their frame stamp it in
+    /// [`zero_for`](Frames::zero_for).
+    #[inline]
+    fn note_taken(&self, f: &OwnedFrame) {
+        if let (Some(_), Some(cpu), Some(_)) = (self.phys.stream_after(), &self.cpu, &self.phys.pcp) {
+            self.phys.page(f.pfn()).taken_at.store(cache_stamp(cpu), Ordering::Relaxed);
         }
     }
 
@@ -276,9 +291,14 @@ impl<'a> Frames<'a> {
     /// Counts what it skipped or streamed.
     #[inline(always)]
     pub(crate) fn zero_for(&self, f: &mut OwnedFrame, addr: u64) {
-        let keep = match self.phys.stream_after() {
-            Some(after) if super::arena::STREAMS && self.left_caches(f.pfn(), after) => {
-                Some((addr % PAGE_SIZE) as usize)
+        let keep = match (self.phys.stream_after(), &self.cpu, &self.phys.pcp) {
+            (Some(after), Some(cpu), Some(_)) if super::arena::STREAMS => {
+                // Whether the frame left the caches, and the stamp of its
+                // taking (`restamp`), from one stamp.
+                let page = self.phys.page(f.pfn());
+                let now = cache_stamp(cpu);
+                page.taken_at.store(now, Ordering::Relaxed);
+                stamp_left(page.cached_at.load(Ordering::Relaxed), now, after).then_some((addr % PAGE_SIZE) as usize)
             }
             _ => None,
         };
@@ -561,8 +581,8 @@ fn stamp_left(then: u32, now: u32, after: u32) -> bool {
 
 /// Stamp `page`, which this vCPU (stamp `now`) puts in its cache, as
 /// cached now if its lines may still be in the vCPU's caches: this vCPU
-/// took it less than `after` of its allocations ago (`Page::taken_at`);
-/// else as never cached. A frame taken and written long ago and freed now
+/// took it and wrote it whole less than `after` of its allocations ago
+/// (`Page::taken_at`); else as never cached. A frame taken and written long ago and freed now
 /// (a page_fault1 munmap frees 32,768 frames and reads no line of them)
 /// has left the caches, and its next fault streams its zeros.
 #[inline(always)]
