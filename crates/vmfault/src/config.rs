@@ -180,11 +180,11 @@ impl FrameOrder {
 ///   it enters a cache; a frame this vCPU's cache overflowed to the global
 ///   list keeps its stamps. They say when the vCPU last took and freed the
 ///   frame, not which of its lines are still cached: a guess, which can
-///   only choose the slower stores, never change what the frame holds. Without per-CPU caches
-///   (`pcpu_pages=0`) nothing is stamped and `auto` is `cached`. Stores
-///   are ordered before the frame is published (a fence after streaming
-///   ones). Other architectures than x86-64 use ordinary stores whatever
-///   the knob says.
+///   only choose the slower stores, never change what the frame holds.
+///   Without per-CPU caches (`pcpu_pages=0`) nothing is stamped and
+///   `auto` is `cached`. Stores are ordered before the frame is published
+///   (a fence after streaming ones). Other architectures than x86-64 use
+///   ordinary stores whatever the knob says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 pub enum ZeroStores {
     /// Ordinary stores.

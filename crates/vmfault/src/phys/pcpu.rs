@@ -582,9 +582,10 @@ fn stamp_left(then: u32, now: u32, after: u32) -> bool {
 /// Stamp `page`, which this vCPU (stamp `now`) puts in its cache, as
 /// cached now if its lines may still be in the vCPU's caches: this vCPU
 /// took it and wrote it whole less than `after` of its allocations ago
-/// (`Page::taken_at`); else as never cached. A frame taken and written long ago and freed now
-/// (a page_fault1 munmap frees 32,768 frames and reads no line of them)
-/// has left the caches, and its next fault streams its zeros.
+/// (`Page::taken_at`); else as never cached. A frame taken and written
+/// long ago and freed now (a page_fault1 munmap frees 32,768 frames and
+/// reads no line of them) has left the caches, and its next fault
+/// streams its zeros.
 #[inline(always)]
 fn restamp(page: &super::Page, now: u32, after: Option<u32>) {
     let lately = after.is_none_or(|a| !stamp_left(page.taken_at.load(Ordering::Relaxed), now, a));
